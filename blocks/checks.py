@@ -1,0 +1,164 @@
+"""Cross-field rules of a deployment, as a pure function returning (field, problem) pairs."""
+
+from __future__ import annotations
+
+import re
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+from blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS
+from blocks.serve import DERIVED_ENV
+
+if TYPE_CHECKING:
+    from blocks.deployment import DeploymentConfig
+
+Problem = tuple[str, str]
+PLACEHOLDER = re.compile(r"<[A-Z0-9][A-Z0-9_]*>")
+
+
+def placeholders(data: Any, path: str = "") -> list[Problem]:
+    """Every `<NAME>` placeholder left in raw configuration data, with its field path."""
+    found: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found += placeholders(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += placeholders(value, f"{path}[{i}]")
+    elif isinstance(data, str):
+        for match in PLACEHOLDER.findall(data):
+            found.append((path, f"placeholder {match} left in the configuration; set the site value"))
+    return found
+
+
+def _topology(cfg: DeploymentConfig) -> list[Problem]:
+    serve, cluster = cfg.serve, cfg.cluster
+    dp, tp, local = serve.data_parallel_size, serve.tensor_parallel_size, serve.data_parallel_size_local
+    nodes = len(cluster.nodes)
+    offered = nodes * cluster.npus_per_node
+    problems: list[Problem] = []
+    if dp % local:
+        problems.append(("serve.data_parallel_size_local", f"{local} does not divide data_parallel_size {dp}"))
+    elif dp // local != nodes:
+        problems.append(
+            (
+                "cluster.nodes",
+                f"{nodes} nodes listed but data_parallel_size / data_parallel_size_local = "
+                f"{dp} / {local} = {dp // local} nodes are needed",
+            )
+        )
+    if dp * tp != offered:
+        problems.append(
+            (
+                "serve.tensor_parallel_size",
+                f"DP × TP = {dp} × {tp} = {dp * tp} ranks, but the cluster offers {offered} NPUs "
+                f"({nodes} nodes × {cluster.npus_per_node})",
+            )
+        )
+    if serve.enable_expert_parallel and serve.expert_parallel_size not in (None, dp * tp):
+        problems.append(
+            (
+                "serve.expert_parallel_size",
+                f"expert parallel spans DP × TP = {dp * tp} ranks, not {serve.expert_parallel_size}",
+            )
+        )
+    return problems
+
+
+def _nodes(cfg: DeploymentConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    for attr, label in (("name", "name"), ("address", "address"), ("serving_ip", "local_ip")):
+        seen: dict[str, int] = {}
+        for i, node in enumerate(cfg.cluster.nodes):
+            value = getattr(node, attr)
+            if value in seen:
+                problems.append(
+                    (f"cluster.nodes[{i}].{label}", f"{value!r} is already used by cluster.nodes[{seen[value]}]")
+                )
+            seen.setdefault(value, i)
+    return problems
+
+
+def _ports(cfg: DeploymentConfig) -> list[Problem]:
+    if cfg.serve.service_port == cfg.serve.rpc_port:
+        return [("serve.rpc_port", f"{cfg.serve.rpc_port} is also serve.service_port; use two ports")]
+    return []
+
+
+def _paths(cfg: DeploymentConfig) -> list[Problem]:
+    root = cfg.cluster.model_root.rstrip("/") + "/"
+    problems: list[Problem] = []
+    checked = [("models.target.path", cfg.models.target.path), ("models.tokenizer_path", cfg.models.tokenizer_path)]
+    if cfg.models.draft is not None:
+        checked.append(("models.draft.path", cfg.models.draft.path))
+    for field, path in checked:
+        if path is not None and not path.startswith(root):
+            problems.append((field, f"{path} is outside cluster.model_root {root}: the container would not see it"))
+    return problems
+
+
+def _draft(cfg: DeploymentConfig) -> list[Problem]:
+    draft = cfg.models.draft
+    if draft is None:
+        return []
+    problems: list[Problem] = []
+    known = KNOWN_DRAFTS.get(draft.repo)
+    if known and draft.kind not in (None, known):
+        problems.append(("models.draft.kind", f"{draft.repo} is a {known} draft, not {draft.kind}"))
+    kind = draft.kind or known
+    if kind is None:
+        problems.append(("models.draft.kind", f"{draft.repo} is not a known draft: set kind to gqa, mla or mla-block5"))
+    elif draft.num_speculative_tokens not in (None, SPECULATIVE_TOKENS[kind]):
+        problems.append(
+            (
+                "models.draft.num_speculative_tokens",
+                f"a {kind} draft proposes {SPECULATIVE_TOKENS[kind]} tokens, not {draft.num_speculative_tokens}",
+            )
+        )
+    if draft.max_model_len > cfg.serve.max_model_len:
+        problems.append(
+            (
+                "models.draft.max_model_len",
+                f"{draft.max_model_len} is above the target's serve.max_model_len {cfg.serve.max_model_len}",
+            )
+        )
+    return problems
+
+
+def _env(cfg: DeploymentConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, value in cfg.serve.env.items():
+        field = f"serve.env.{name}"
+        if name in DERIVED_ENV:
+            problems.append((field, f"{name} is derived from the configuration; set it there, not in env"))
+            continue
+        template = Template(value)
+        if not template.is_valid():
+            problems.append((field, f"{value!r} has a stray $; write $$ for a literal dollar sign"))
+            continue
+        unknown = sorted(set(template.get_identifiers()) - set(DERIVED_ENV))
+        if unknown:
+            known = ", ".join(DERIVED_ENV)
+            problems.append((field, f"refers to {', '.join(unknown)}; only {known} can be referred to"))
+    return problems
+
+
+def _image(cfg: DeploymentConfig) -> list[Problem]:
+    image = cfg.image
+    if image.build is None and image.digest is None and not image.allow_unpinned:
+        return [("image.digest", f"{image.ref} is not pinned: set a sha256 digest, a build, or allow_unpinned")]
+    return []
+
+
+def config_problems(cfg: DeploymentConfig) -> list[Problem]:
+    """All cross-field problems, so a person can fix them in one go."""
+    return [
+        *placeholders(cfg.model_dump(mode="json")),
+        *_topology(cfg),
+        *_nodes(cfg),
+        *_ports(cfg),
+        *_paths(cfg),
+        *_draft(cfg),
+        *_env(cfg),
+        *_image(cfg),
+    ]

@@ -1,0 +1,70 @@
+"""The nodes of the deployment and how to reach them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect.blocks.core import Block
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from blocks._types import AbsPath, Text
+
+
+class NodeSpec(BaseModel):
+    """One host of the cluster; node 0 is the first in the list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text = Field(description="Short name used in logs, tables and container labels, e.g. node0.")
+    address: Text = Field(description="Address k3deploy reaches the node at over SSH.")
+    local_ip: Text | None = Field(
+        default=None,
+        description="The node's IP on the serving network (LOCAL_IP, HCCL_IF_IP); defaults to address.",
+    )
+    nic: Text = Field(description="Network interface that owns local_ip (NIC_NAME, *_SOCKET_IFNAME).")
+
+    @property
+    def serving_ip(self) -> str:
+        return self.local_ip or self.address
+
+
+class SSHSettings(BaseModel):
+    """How to log in; the key itself is a secret and never part of a plan or a record."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: Text = Field(default="root", description="Login user on every node.")
+    port: int = Field(default=22, ge=1, le=65535, description="sshd port on every node.")
+    known_hosts: Text = Field(
+        default="~/.ssh/known_hosts",
+        description="known_hosts file that pins every node's host key; unknown keys are refused.",
+    )
+    private_key_file: Text | None = Field(
+        default=None, description="Path of the private key on the machine running k3deploy."
+    )
+    private_key: SecretStr | None = Field(
+        default=None,
+        description="The private key itself (PEM/OpenSSH text); or set K3DEPLOY_SSH_PRIVATE_KEY.",
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Per-connection timeout.")
+
+
+class ClusterConfig(Block):
+    """Nodes, their NPUs and the shared model root."""
+
+    _block_type_name = "k3deploy cluster"
+    model_config = ConfigDict(extra="forbid")
+
+    transport: Literal["ssh", "local"] = Field(
+        default="ssh", description="ssh for real nodes; local runs every node's work on this machine."
+    )
+    nodes: list[NodeSpec] = Field(min_length=1, description="The nodes, node 0 (the serving node) first.")
+    npus_per_node: int = Field(default=16, ge=1, description="Logical NPUs offered by each node.")
+    model_root: AbsPath = Field(
+        description="Folder holding every checkpoint, mounted at the same path in each container."
+    )
+    model_root_shared: bool = Field(
+        default=False,
+        description="True when model_root is shared storage: download once instead of on every node.",
+    )
+    ssh: SSHSettings = Field(default_factory=SSHSettings, description="SSH login settings.")

@@ -1,0 +1,64 @@
+"""The whole deployment: one document, five blocks, checked as a unit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from prefect.blocks.core import Block
+from pydantic import ConfigDict, Field, model_validator
+
+from blocks.bench import BenchConfig
+from blocks.checks import config_problems
+from blocks.cluster import ClusterConfig
+from blocks.image import ImageConfig
+from blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
+from blocks.serve import ServeConfig
+from k3deploy.errors import ConfigError
+
+
+class DeploymentConfig(Block):
+    """A Kimi-K3 deployment: cluster, checkpoints, image, server and benchmark."""
+
+    _block_type_name = "k3deploy deployment"
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: ClusterConfig = Field(description="Nodes and how to reach them.")
+    models: ModelsConfig = Field(default_factory=ModelsConfig, description="Target and draft checkpoints.")
+    image: ImageConfig = Field(default_factory=ImageConfig, description="Image to pull or build.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="vllm serve flags and environment.")
+    bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> DeploymentConfig:
+        # ConfigError is not a ValueError, so pydantic lets it through with every problem listed.
+        self._fill_defaults()
+        problems = config_problems(self)
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    def _fill_defaults(self) -> None:
+        root = self.cluster.model_root.rstrip("/")
+        target = self.models.target
+        if target.path is None:
+            target.path = f"{root}/{target.repo.rsplit('/', 1)[-1]}"
+        if self.models.tokenizer_path is None:
+            self.models.tokenizer_path = target.path
+        draft = self.models.draft
+        if draft is not None:
+            if draft.path is None:
+                draft.path = f"{root}/{draft.repo.rsplit('/', 1)[-1]}"
+            kind = draft.kind or KNOWN_DRAFTS.get(draft.repo)
+            if kind is not None:
+                draft.kind = kind
+                if draft.num_speculative_tokens is None:
+                    draft.num_speculative_tokens = SPECULATIVE_TOKENS[kind]
+            if draft.draft_tensor_parallel_size is None:
+                draft.draft_tensor_parallel_size = self.serve.tensor_parallel_size
+
+    def fingerprint(self) -> str:
+        """Short hash of everything but secrets: labels containers so a rerun can recognise them."""
+        data = self.model_dump(mode="json")
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

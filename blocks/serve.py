@@ -1,0 +1,113 @@
+"""`vllm serve` flags, environment and container settings; defaults are the seed's 4.1 and 5.1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.blocks.core import Block
+from pydantic import BaseModel, ConfigDict, Field
+
+from blocks._types import Arg, EnvName, Text
+
+SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
+    "/dev/davinci_manager",
+    "/dev/devmm_svm",
+    "/dev/hisi_hdc",
+]
+SEED_MOUNTS = [
+    "/usr/local/dcmi:/usr/local/dcmi",
+    "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
+    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+    "/etc/ascend_install.info:/etc/ascend_install.info",
+]
+# Seed 5.1's per-node variables, derived by k3deploy from the rest of the configuration.
+DERIVED_ENV = (
+    "MODEL_PATH",
+    "TOKENIZER_PATH",
+    "LOCAL_IP",
+    "NODE0_IP",
+    "NIC_NAME",
+    "SERVICE_PORT",
+    "RPC_PORT",
+    "DP_SIZE",
+    "TP_SIZE",
+)
+# Seed 5.1, after the per-node variables k3deploy derives itself. ${NAME} refers to one of
+# those (MODEL_PATH, TOKENIZER_PATH, LOCAL_IP, NODE0_IP, NIC_NAME, SERVICE_PORT, RPC_PORT,
+# DP_SIZE, TP_SIZE); write $$ for a literal dollar sign.
+SEED_ENV = {
+    "HCCL_IF_IP": "${LOCAL_IP}",
+    "GLOO_SOCKET_IFNAME": "${NIC_NAME}",
+    "TP_SOCKET_IFNAME": "${NIC_NAME}",
+    "HCCL_SOCKET_IFNAME": "${NIC_NAME}",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "7200",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3000",
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    "HCCL_BUFFSIZE": "1024",
+    "HCCL_BUFFSIZE_EP": "2048",
+    "HCCL_INTRA_PCIE_ENABLE": "1",
+    "HCCL_INTRA_ROCE_ENABLE": "0",
+    "HCCL_OP_EXPANSION_MODE": "AIV",
+    "OMP_PROC_BIND": "false",
+    "OPENBLAS_NUM_THREADS": "1",
+    "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(i) for i in range(16)),
+}
+
+
+class ContainerSettings(BaseModel):
+    """How each node's container is started (seed 4.1); the model root is always mounted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text = Field(default="vllm-kimi-k3", description="Container name, the same on every node.")
+    network: Text = Field(default="host", description="Network mode; vLLM DP needs host networking.")
+    shm_size: Text = Field(default="1g", description="--shm-size")
+    devices: list[Text] = Field(
+        default_factory=lambda: list(SEED_DEVICES), description="Host devices passed in (--device)."
+    )
+    mounts: list[Text] = Field(
+        default_factory=lambda: list(SEED_MOUNTS),
+        description="Bind mounts host:container[:mode] besides the model root (-v).",
+    )
+
+
+class ServeConfig(Block):
+    """The vLLM-Ascend server on every node."""
+
+    _block_type_name = "k3deploy serve"
+    model_config = ConfigDict(extra="forbid")
+
+    served_model_name: Text = Field(default="kimi-k3", description="--served-model-name")
+    host: Text = Field(default="0.0.0.0", description="--host the HTTP server binds on node 0 and workers.")
+    service_port: int = Field(default=8000, ge=1, le=65535, description="HTTP port on node 0 (--port).")
+    rpc_port: int = Field(default=13345, ge=1, le=65535, description="--data-parallel-rpc-port")
+    data_parallel_size: int = Field(default=4, ge=1, description="--data-parallel-size (global DP).")
+    data_parallel_size_local: int = Field(default=1, ge=1, description="DP ranks per node.")
+    tensor_parallel_size: int = Field(default=16, ge=1, description="--tensor-parallel-size")
+    enable_expert_parallel: bool = Field(default=True, description="--enable-expert-parallel")
+    expert_parallel_size: int | None = Field(
+        default=64, ge=1, description="Expected EP group size; must equal DP × TP when EP is on."
+    )
+    tokenizer_mode: Text | None = Field(default="kimi_k3", description="--tokenizer-mode")
+    quantization: Text | None = Field(default="ascend", description="--quantization; None leaves it out.")
+    safetensors_load_strategy: Text | None = Field(default="lazy", description="--safetensors-load-strategy")
+    enable_prefix_caching: bool = Field(default=True, description="--enable-prefix-caching")
+    max_model_len: int = Field(default=133120, ge=1, description="--max-model-len")
+    max_num_seqs: int = Field(default=16, ge=1, description="--max-num-seqs")
+    max_num_batched_tokens: int = Field(default=8192, ge=1, description="--max-num-batched-tokens")
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="--gpu-memory-utilization")
+    reasoning_parser: Text | None = Field(default="kimi_k3", description="--reasoning-parser")
+    tool_call_parser: Text | None = Field(default="kimi_k3", description="--tool-call-parser")
+    enable_auto_tool_choice: bool = Field(default=True, description="--enable-auto-tool-choice")
+    compilation_config: dict[str, Any] | None = Field(
+        default_factory=lambda: {"cudagraph_mode": "FULL_DECODE_ONLY"},
+        description="--compilation-config (JSON); None leaves it out.",
+    )
+    extra_args: list[Arg] = Field(default_factory=list, description="Further vllm serve flags, as given.")
+    env: dict[EnvName, Arg] = Field(
+        default_factory=lambda: dict(SEED_ENV),
+        description="Environment on every node besides the derived per-node variables; ${NAME} refers to those.",
+    )
+    container: ContainerSettings = Field(
+        default_factory=ContainerSettings, description="Container name, devices, mounts, shm."
+    )

@@ -1,0 +1,1 @@
+"""Deployment definitions: nightly schedule, UI-triggered runs, per-stage reruns."""

@@ -1,0 +1,1 @@
+"""Orchestration only: one Prefect flow per stage of DESIGN.md, and `validate` chaining them."""

@@ -1,0 +1,57 @@
+"""One exception hierarchy for the whole project.
+
+Every message must let a person act: name the node, file, field or check that failed
+and say what was expected. Secrets never appear in a message.
+"""
+
+from __future__ import annotations
+
+
+class K3DeployError(Exception):
+    """Base of every error k3deploy raises on purpose."""
+
+
+class ConfigError(K3DeployError):
+    """The configuration document is invalid; raised before anything touches a node."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        lines = [f"{where}{field}: {msg}" if field else f"{where}{msg}" for field, msg in problems]
+        super().__init__("invalid configuration\n  " + "\n  ".join(lines))
+
+
+class TransportError(K3DeployError):
+    """A node could not be reached or talked to."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}")
+
+
+class HostKeyError(TransportError):
+    """The node's host key is unknown or differs from the pinned one."""
+
+
+class ConnectionFault(TransportError):
+    """The connection failed or dropped; safe to retry."""
+
+
+class CommandTimeout(TransportError):
+    """A remote command ran past its timeout and was killed on the node."""
+
+
+class CommandFailed(TransportError):
+    """A command ran on the node and exited non-zero; never retried."""
+
+    def __init__(self, host: str, command: str, exit_code: int, stderr: str) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr = stderr
+        tail = stderr.strip().splitlines()[-1] if stderr.strip() else "(no stderr)"
+        super().__init__(host, f"command exited {exit_code}: {command!r}: {tail}")
+
+
+class ChecksumMismatch(K3DeployError):
+    """A file's sha256 differs from the hub's metadata."""

@@ -1,0 +1,249 @@
+"""The one renderer of launch and bench commands: `k3deploy plan` prints it, launch runs it."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import asdict, dataclass, field
+from string import Template
+from typing import Any, Literal
+
+from blocks.deployment import DeploymentConfig
+from blocks.serve import DERIVED_ENV
+
+LABEL_PREFIX = "k3deploy"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything `docker run` needs; the docker SDK gets the same data."""
+
+    name: str
+    image: str
+    command: list[str]
+    environment: dict[str, str]
+    devices: list[str]
+    volumes: list[str]
+    network: str
+    shm_size: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def docker_run_argv(self) -> list[str]:
+        argv = ["docker", "run", "-d", "--name", self.name, f"--net={self.network}", f"--shm-size={self.shm_size}"]
+        for device in self.devices:
+            argv += ["--device", device]
+        for volume in self.volumes:
+            argv += ["-v", volume]
+        for key, value in self.environment.items():
+            argv += ["-e", f"{key}={value}"]
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        return [*argv, self.image, *self.command]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node runs: its environment, its `vllm serve` and the container around it."""
+
+    node: str
+    address: str
+    dp_rank: int
+    role: Literal["serve", "headless"]
+    env: dict[str, str]
+    serve_argv: list[str]
+    container: ContainerSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rendered deployment, node 0 first."""
+
+    config_fingerprint: str
+    nodes: list[NodePlan]
+    bench_argv: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for node, plan in zip(data["nodes"], self.nodes, strict=True):
+            node["docker_run_argv"] = plan.container.docker_run_argv()
+        return data
+
+    def to_text(self) -> str:
+        out = [f"# k3deploy plan (config {self.config_fingerprint}); every line below can be pasted into a shell"]
+        for node in self.nodes:
+            what = "serves HTTP" if node.role == "serve" else "headless worker"
+            out += ["", f"## {node.node} ({node.address}): DP rank {node.dp_rank}, {what}", "", "# environment"]
+            out += [f"export {key}={shlex.quote(value)}" for key, value in node.env.items()]
+            out += ["", "# vllm serve (what the container runs)", shell_lines(node.serve_argv)]
+            out += ["", "# container", shell_lines(node.container.docker_run_argv())]
+        out += ["", "## bench (from a load generator in the serving network)", "", shell_lines(self.bench_argv)]
+        return "\n".join(out) + "\n"
+
+
+def shell_lines(argv: list[str]) -> str:
+    """shlex.join, one flag per line with backslash continuations, as the tutorial writes commands."""
+    lines: list[str] = []
+    for token in argv:
+        quoted = shlex.quote(token)
+        if lines and not token.startswith("-"):
+            lines[-1] += f" {quoted}"
+        else:
+            lines.append(quoted)
+    return " \\\n  ".join(lines)
+
+
+def _number(value: float) -> str:
+    return "inf" if math.isinf(value) else repr(value)
+
+
+def node_env(cfg: DeploymentConfig, index: int) -> dict[str, str]:
+    """Seed 5.1's environment for node `index`: derived variables, then serve.env resolved."""
+    node, node0 = cfg.cluster.nodes[index], cfg.cluster.nodes[0]
+    serve = cfg.serve
+    derived = dict(
+        zip(
+            DERIVED_ENV,
+            (
+                str(cfg.models.target.path),
+                str(cfg.models.tokenizer_path),
+                node.serving_ip,
+                node0.serving_ip,
+                node.nic,
+                str(serve.service_port),
+                str(serve.rpc_port),
+                str(serve.data_parallel_size),
+                str(serve.tensor_parallel_size),
+            ),
+            strict=True,
+        )
+    )
+    env = derived | {key: Template(value).substitute(derived) for key, value in serve.env.items()}
+    if index > 0:
+        env["DP_START_RANK"] = str(index * serve.data_parallel_size_local)
+    return env
+
+
+def speculative_config(cfg: DeploymentConfig) -> dict[str, Any] | None:
+    """Seed 5.2's --speculative-config, or None when no draft is chosen."""
+    draft = cfg.models.draft
+    if draft is None:
+        return None
+    return {
+        "method": draft.method,
+        "model": draft.path,
+        "num_speculative_tokens": draft.num_speculative_tokens,
+        "draft_tensor_parallel_size": draft.draft_tensor_parallel_size,
+        "max_model_len": draft.max_model_len,
+        "draft_sample_method": draft.draft_sample_method,
+        "enforce_eager": draft.enforce_eager,
+    }
+
+
+def serve_argv(cfg: DeploymentConfig, index: int) -> list[str]:
+    """`vllm serve` for node `index` (seed 5.1): node 0 serves, the others are headless."""
+    serve, env = cfg.serve, node_env(cfg, index)
+    argv = ["vllm", "serve", env["MODEL_PATH"]]
+    if index > 0:
+        argv.append("--headless")
+    argv += ["--host", serve.host, "--port", env["SERVICE_PORT"], "--served-model-name", serve.served_model_name]
+    argv += ["--tokenizer", env["TOKENIZER_PATH"]]
+    for flag, value in (
+        ("--tokenizer-mode", serve.tokenizer_mode),
+        ("--quantization", serve.quantization),
+        ("--safetensors-load-strategy", serve.safetensors_load_strategy),
+    ):
+        if value is not None:
+            argv += [flag, value]
+    argv += ["--tensor-parallel-size", env["TP_SIZE"], "--data-parallel-size", env["DP_SIZE"]]
+    argv += ["--data-parallel-size-local", str(serve.data_parallel_size_local)]
+    if index > 0:
+        argv += ["--data-parallel-start-rank", env["DP_START_RANK"]]
+    argv += ["--data-parallel-address", env["NODE0_IP"], "--data-parallel-rpc-port", env["RPC_PORT"]]
+    if serve.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if serve.enable_prefix_caching:
+        argv.append("--enable-prefix-caching")
+    argv += [
+        "--max-model-len", str(serve.max_model_len),
+        "--max-num-seqs", str(serve.max_num_seqs),
+        "--max-num-batched-tokens", str(serve.max_num_batched_tokens),
+        "--gpu-memory-utilization", _number(serve.gpu_memory_utilization),
+    ]  # fmt: skip
+    for flag, value in (("--reasoning-parser", serve.reasoning_parser), ("--tool-call-parser", serve.tool_call_parser)):
+        if value is not None:
+            argv += [flag, value]
+    if serve.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    if serve.compilation_config is not None:
+        argv += ["--compilation-config", json.dumps(serve.compilation_config)]
+    spec = speculative_config(cfg)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv + list(serve.extra_args)
+
+
+def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -> ContainerSpec:
+    """Seed 4.1's container for node `index`, running that node's `vllm serve` directly."""
+    settings, node = cfg.serve.container, cfg.cluster.nodes[index]
+    root = cfg.cluster.model_root
+    labels = {
+        f"{LABEL_PREFIX}.config": cfg.fingerprint(),
+        f"{LABEL_PREFIX}.node": node.name,
+        f"{LABEL_PREFIX}.dp-rank": str(index * cfg.serve.data_parallel_size_local),
+    }
+    if run_id is not None:
+        labels[f"{LABEL_PREFIX}.run"] = run_id
+    return ContainerSpec(
+        name=settings.name,
+        image=cfg.image.pinned_ref,
+        command=serve_argv(cfg, index),
+        environment=node_env(cfg, index),
+        devices=list(settings.devices),
+        volumes=[*settings.mounts, f"{root}:{root}"],
+        network=settings.network,
+        shm_size=settings.shm_size,
+        labels=labels,
+    )
+
+
+def bench_argv(cfg: DeploymentConfig) -> list[str]:
+    """Seed section 8's `vllm bench serve` against node 0."""
+    bench, serve = cfg.bench, cfg.serve
+    base_url = f"http://{cfg.cluster.nodes[0].serving_ip}:{serve.service_port}"
+    argv = ["vllm", "bench", "serve", "--backend", bench.backend, "--base-url", base_url]
+    argv += ["--endpoint", bench.endpoint, "--model", serve.served_model_name]
+    argv += ["--tokenizer", str(cfg.models.tokenizer_path)]
+    if serve.tokenizer_mode is not None:
+        argv += ["--tokenizer-mode", serve.tokenizer_mode]
+    argv += [
+        "--dataset-name", bench.dataset_name,
+        "--random-input-len", str(bench.random_input_len),
+        "--random-output-len", str(bench.random_output_len),
+        "--random-range-ratio", _number(bench.random_range_ratio),
+        "--num-prompts", str(bench.num_prompts),
+        "--max-concurrency", str(bench.max_concurrency),
+        "--request-rate", _number(bench.request_rate),
+    ]  # fmt: skip
+    if bench.ignore_eos:
+        argv.append("--ignore-eos")
+    argv += ["--save-result", "--result-dir", bench.result_dir]
+    return argv + list(bench.extra_args)
+
+
+def render_plan(cfg: DeploymentConfig, run_id: str | None = None) -> Plan:
+    """Every node's commands and the bench command, node 0 first."""
+    local = cfg.serve.data_parallel_size_local
+    nodes = [
+        NodePlan(
+            node=node.name,
+            address=node.address,
+            dp_rank=i * local,
+            role="serve" if i == 0 else "headless",
+            env=node_env(cfg, i),
+            serve_argv=serve_argv(cfg, i),
+            container=container_spec(cfg, i, run_id),
+        )
+        for i, node in enumerate(cfg.cluster.nodes)
+    ]
+    return Plan(config_fingerprint=cfg.fingerprint(), nodes=nodes, bench_argv=bench_argv(cfg))

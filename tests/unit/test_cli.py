@@ -1,0 +1,122 @@
+"""The `k3deploy` command line as a person runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from blocks import parse_config
+from k3deploy.errors import ConfigError
+from tasks.render import render_plan
+from tests.configs import site_data
+
+pytestmark = pytest.mark.config
+
+ROOT = Path(__file__).parents[2]
+
+
+def k3deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def site_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "site.yaml"
+    path.write_text(yaml.safe_dump(site_data()))
+    return path
+
+
+def test_plan_text_is_the_rendered_plan(site_file):
+    out = k3deploy("plan", "-c", str(site_file))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == render_plan(parse_config(site_data())).to_text()
+
+
+def test_plan_json_carries_every_node(site_file):
+    out = k3deploy("plan", "-c", str(site_file), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [n["node"] for n in data["nodes"]] == ["node0", "node1", "node2", "node3"]
+    assert [n["dp_rank"] for n in data["nodes"]] == [0, 1, 2, 3]
+    assert "--headless" not in data["nodes"][0]["serve_argv"]
+    assert all("--headless" in n["serve_argv"] for n in data["nodes"][1:])
+
+
+def test_plan_refuses_the_unfilled_reference_naming_fields():
+    out = k3deploy("plan", "-c", "configs/kimi-k3-a3.yaml")
+    assert out.returncode == 1
+    assert "cluster.nodes[0].address: placeholder <NODE0_IP>" in out.stderr
+    assert out.stdout == ""
+
+
+def test_local_profile_plans_without_a3_settings():
+    out = k3deploy("plan", "-c", "configs/local.yaml", "-f", "json")
+    assert out.returncode == 0, out.stderr
+    node0 = json.loads(out.stdout)["nodes"][0]
+    assert "--quantization" not in node0["serve_argv"]
+    assert not any(k.startswith("HCCL_") for k in node0["env"])
+    assert "--device" not in node0["docker_run_argv"]
+
+
+@pytest.mark.parametrize("command", [["run", "-c", "x.yaml"], ["teardown", "-c", "x.yaml"], ["report", "r1"]])
+def test_unbuilt_stages_say_so_and_fail(command):
+    out = k3deploy(*command)
+    assert out.returncode == 2
+    assert "not yet available" in out.stderr
+
+
+def test_secrets_never_reach_the_plan(site_file):
+    secrets = {
+        "K3DEPLOY_SSH_PRIVATE_KEY": "-----BEGIN OPENSSH PRIVATE KEY-----sekrit-key-material",
+        "K3DEPLOY_HUB_TOKEN": "hf_sekrit_token_value",
+    }
+    data = site_data()
+    data["image"]["registry"] = {"url": "registry.example", "username": "me"}
+    secrets["K3DEPLOY_REGISTRY_PASSWORD"] = "registry-sekrit-password"
+    cfg = parse_config(data, environ=secrets)
+    assert cfg.cluster.ssh.private_key.get_secret_value() == secrets["K3DEPLOY_SSH_PRIVATE_KEY"]
+    assert cfg.models.hub_token.get_secret_value() == secrets["K3DEPLOY_HUB_TOKEN"]
+    assert cfg.image.registry.password.get_secret_value() == secrets["K3DEPLOY_REGISTRY_PASSWORD"]
+    plan = render_plan(cfg)
+    shown = [plan.to_text(), json.dumps(plan.to_json()), repr(cfg), str(cfg.model_dump()), cfg.fingerprint()]
+    for secret in secrets.values():
+        assert not any(secret in text for text in shown)
+    out = k3deploy("plan", "-c", str(site_file), env={**os.environ, **secrets})
+    assert out.returncode == 0
+    assert not any(s in out.stdout + out.stderr for s in secrets.values())
+
+
+def test_secret_in_a_bad_config_stays_out_of_the_error():
+    data = site_data()
+    data["serve"]["rpc_port"] = 8000
+    data["models"]["hub_token"] = "hf_inline_sekrit"
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, environ={})
+    assert "hf_inline_sekrit" not in str(info.value)
+
+
+def test_pasted_text_plan_runs_as_shell_would_split_it(site_file):
+    # A real shell (not shlex) splits the pasted vllm serve line back into the planned argv.
+    plan = render_plan(parse_config(site_data()))
+    text = plan.to_text()
+    block = text.split("# vllm serve (what the container runs)\n", 1)[1].split("\n\n", 1)[0]
+    out = subprocess.run(["bash", "-c", "printf '%s\\0' " + block], capture_output=True, timeout=30)
+    assert out.stdout.split(b"\0")[:-1] == [a.encode() for a in plan.nodes[0].serve_argv]
+    assert shlex.split(block.replace("\\\n", " ")) == plan.nodes[0].serve_argv
+
+
+def test_readme_reference_is_current():
+    from blocks.reference import config_reference
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("-->\n", readme.index("<!-- config-reference")) + len("-->\n")
+    assert readme[start : readme.index("<!-- /config-reference -->")].strip() == config_reference().strip()

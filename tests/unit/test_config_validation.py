@@ -1,0 +1,140 @@
+"""Bad input is refused before anything touches a node, with an error naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from blocks import load_config, parse_config
+from k3deploy.errors import ConfigError
+from tests.configs import REFERENCE, site_data, with_changes
+
+pytestmark = pytest.mark.config
+
+
+def problems_of(data, **environ) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, environ=environ)
+    return dict(info.value.problems)
+
+
+def four_nodes(**override):
+    return [{"name": f"node{i}", "address": f"192.0.2.{10 + i}", "nic": "eth0", **override} for i in range(4)]
+
+
+def test_site_values_make_a_valid_config():
+    cfg = parse_config(site_data())
+    assert [n.name for n in cfg.cluster.nodes] == ["node0", "node1", "node2", "node3"]
+    assert cfg.models.target.path == "/path/to/models/Kimi-K3-w4a8"
+
+
+def test_reference_with_placeholders_is_refused_naming_each_field():
+    with pytest.raises(ConfigError) as info:
+        load_config(REFERENCE)
+    fields = dict(info.value.problems)
+    assert "<NODE2_IP>" in fields["cluster.nodes[2].address"]
+    assert "<NODE3_NIC>" in fields["cluster.nodes[3].nic"]
+    assert "<MODEL_ROOT>" in fields["cluster.model_root"]
+    assert "<IMAGE_DIGEST>" in fields["image.digest"]
+    assert str(REFERENCE) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"serve__tensor_parallel_size": 8}, "serve.tensor_parallel_size", "offers 64 NPUs"),
+        ({"cluster__npus_per_node": 8}, "serve.tensor_parallel_size", "offers 32 NPUs"),
+        ({"serve__expert_parallel_size": 16}, "serve.expert_parallel_size", "DP × TP = 64"),
+        ({"serve__data_parallel_size_local": 3}, "serve.data_parallel_size_local", "does not divide"),
+        ({"serve__data_parallel_size_local": 2}, "cluster.nodes", "2 nodes are needed"),
+        ({"serve__service_port": 70000}, "serve.service_port", "less than or equal to 65535"),
+        ({"serve__rpc_port": 0}, "serve.rpc_port", "greater than or equal to 1"),
+        ({"serve__rpc_port": 8000}, "serve.rpc_port", "also serve.service_port"),
+        ({"serve__max_num_seqs": "many"}, "serve.max_num_seqs", "valid integer"),
+        ({"serve__enable_prefix_caching": "perhaps"}, "serve.enable_prefix_caching", "valid boolean"),
+        ({"serve__max_num_sequences": 4}, "serve.max_num_sequences", "unknown key"),
+        ({"clutser": {}}, "clutser", "unknown key"),
+        ({"serve__container__devces": []}, "serve.container.devces", "unknown key"),
+        ({"image__digest": None}, "image.digest", "not pinned"),
+        ({"image__digest": "sha256:abc"}, "image.digest", "64 hex digits"),
+        ({"cluster__model_root": "models"}, "cluster.model_root", "absolute path"),
+        ({"models__target__path": "/elsewhere/k3"}, "models.target.path", "outside cluster.model_root"),
+        ({"serve__served_model_name": "kimi\nk3"}, "serve.served_model_name", "control character"),
+        ({"serve__env": {"HCCL_IF_IP": "${LOCL_IP}"}}, "serve.env.HCCL_IF_IP", "refers to LOCL_IP"),
+        ({"serve__env": {"PRICE": "5$"}}, "serve.env.PRICE", "stray $"),
+        ({"serve__env": {"MODEL_PATH": "/x"}}, "serve.env.MODEL_PATH", "derived"),
+        ({"serve__env": {"BAD-NAME": "1"}}, "serve.env.BAD-NAME", "not a valid environment variable name"),
+        ({"cluster__nodes__2__address": "<NODE2_IP>"}, "cluster.nodes[2].address", "placeholder <NODE2_IP>"),
+        ({"models__draft": {"repo": "Inferact/Kimi-K3-DSpark", "path": "<DSPARK_DRAFT_PATH>"}},
+         "models.draft.path", "placeholder <DSPARK_DRAFT_PATH>"),
+    ],
+)  # fmt: skip
+def test_bad_value_names_the_field(change, field, words):
+    problems = problems_of(with_changes(site_data(), **change))
+    assert field in problems, problems
+    assert words in problems[field]
+
+
+@pytest.mark.parametrize(
+    ("draft", "words"),
+    [
+        ({"repo": "RadixArk/Kimi-K3-DSpark", "num_speculative_tokens": 5}, "gqa draft proposes 7 tokens, not 5"),
+        ({"repo": "Inferact/Kimi-K3-DSpark", "num_speculative_tokens": 5}, "mla draft proposes 7 tokens, not 5"),
+        ({"repo": "Inferact/Kimi-K3-DSpark-Block5", "num_speculative_tokens": 7}, "proposes 5 tokens, not 7"),
+        ({"repo": "me/own-draft", "kind": "mla-block5", "num_speculative_tokens": 7}, "proposes 5 tokens, not 7"),
+    ],
+)
+def test_speculative_token_count_must_fit_the_draft(draft, words):
+    problems = problems_of(with_changes(site_data(), models__draft=draft))
+    assert words in problems["models.draft.num_speculative_tokens"]
+
+
+def test_unknown_draft_needs_a_kind():
+    problems = problems_of(with_changes(site_data(), models__draft={"repo": "me/own-draft"}))
+    assert "not a known draft" in problems["models.draft.kind"]
+
+
+def test_draft_kind_must_agree_with_a_known_repo():
+    problems = problems_of(with_changes(site_data(), models__draft={"repo": "RadixArk/Kimi-K3-DSpark", "kind": "mla"}))
+    assert "is a gqa draft" in problems["models.draft.kind"]
+
+
+def test_draft_max_model_len_not_above_target():
+    data = with_changes(site_data(), models__draft={"repo": "Inferact/Kimi-K3-DSpark", "max_model_len": 200000})
+    assert "above the target's serve.max_model_len 133120" in problems_of(data)["models.draft.max_model_len"]
+
+
+@pytest.mark.parametrize("attr", ["address", "name"])
+def test_duplicate_node_values_are_named(attr):
+    nodes = four_nodes()
+    nodes[3][attr] = nodes[1][attr]
+    problems = problems_of(with_changes(site_data(), cluster__nodes=nodes))
+    assert "already used by cluster.nodes[1]" in problems[f"cluster.nodes[3].{attr}"]
+
+
+def test_wrong_node_count_for_dp():
+    problems = problems_of(with_changes(site_data(), cluster__nodes=four_nodes()[:3]))
+    assert "3 nodes listed" in problems["cluster.nodes"]
+
+
+def test_every_problem_is_reported_at_once():
+    data = with_changes(site_data(), serve__rpc_port=8000, serve__expert_parallel_size=8, image__digest=None)
+    assert {"serve.rpc_port", "serve.expert_parallel_size", "image.digest"} <= set(problems_of(data))
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  nodes: [\n  model_root: /x\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert str(bad) in str(info.value) and "line " in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_document_must_be_a_mapping():
+    assert "must be a mapping" in problems_of(["not", "a", "mapping"])[""]
