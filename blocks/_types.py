@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from prefect.blocks.core import Block
+from pydantic import AfterValidator, ConfigDict, model_validator
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,3 +47,17 @@ Arg = Annotated[str, AfterValidator(_no_control_chars)]
 """A raw extra argument or environment value, passed through as one argv element."""
 AbsPath = Annotated[str, AfterValidator(_no_control_chars), AfterValidator(_absolute_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
+
+
+class StrictBlock(Block):
+    """A Block that refuses unknown keys, so a typo in the YAML is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_block_type_slug(cls, data: Any) -> Any:
+        # Prefect stores nested blocks with their type slug; it is not a configuration key.
+        if isinstance(data, dict) and "block_type_slug" in data:
+            data = {k: v for k, v in data.items() if k != "block_type_slug"}
+        return data

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from prefect.blocks.core import Block
-from pydantic import ConfigDict, Field
+import math
 
-from blocks._types import Arg, Text
+from pydantic import Field, field_serializer
+
+from blocks._types import Arg, StrictBlock, Text
 
 
-class BenchConfig(Block):
+class BenchConfig(StrictBlock):
     """Load test run against node 0 once the service is ready."""
 
     _block_type_name = "k3deploy bench"
-    model_config = ConfigDict(extra="forbid")
 
     backend: Text = Field(default="openai-chat", description="--backend")
     endpoint: Text = Field(default="/v1/chat/completions", description="--endpoint")
@@ -26,3 +26,8 @@ class BenchConfig(Block):
     ignore_eos: bool = Field(default=True, description="--ignore-eos keeps output lengths fixed.")
     result_dir: Text = Field(default="./benchmark-results", description="--result-dir for --save-result.")
     extra_args: list[Arg] = Field(default_factory=list, description="Further flags, appended as given.")
+
+    @field_serializer("request_rate")
+    def _rate_as_json(self, value: float) -> float | str:
+        # JSON (and Prefect's block store) has no infinity; "inf" parses back to float("inf").
+        return "inf" if math.isinf(value) else value

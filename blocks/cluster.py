@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from blocks._types import AbsPath, Text
+from blocks._types import AbsPath, StrictBlock, Text
 
 
 class NodeSpec(BaseModel):
@@ -49,11 +48,10 @@ class SSHSettings(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Per-connection timeout.")
 
 
-class ClusterConfig(Block):
+class ClusterConfig(StrictBlock):
     """Nodes, their NPUs and the shared model root."""
 
     _block_type_name = "k3deploy cluster"
-    model_config = ConfigDict(extra="forbid")
 
     transport: Literal["ssh", "local"] = Field(
         default="ssh", description="ssh for real nodes; local runs every node's work on this machine."

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from prefect.blocks.core import Block
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from blocks._types import StrictBlock
 from blocks.bench import BenchConfig
 from blocks.checks import config_problems
 from blocks.cluster import ClusterConfig
@@ -17,11 +17,10 @@ from blocks.serve import ServeConfig
 from k3deploy.errors import ConfigError
 
 
-class DeploymentConfig(Block):
+class DeploymentConfig(StrictBlock):
     """A Kimi-K3 deployment: cluster, checkpoints, image, server and benchmark."""
 
     _block_type_name = "k3deploy deployment"
-    model_config = ConfigDict(extra="forbid")
 
     cluster: ClusterConfig = Field(description="Nodes and how to reach them.")
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="Target and draft checkpoints.")

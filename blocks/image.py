@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
-from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from blocks._types import Text
+from blocks._types import StrictBlock, Text
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -42,11 +41,10 @@ class RegistryAuth(BaseModel):
     )
 
 
-class ImageConfig(Block):
+class ImageConfig(StrictBlock):
     """What image every node runs."""
 
     _block_type_name = "k3deploy image"
-    model_config = ConfigDict(extra="forbid")
 
     ref: Text = Field(default="quay.io/ascend/vllm-ascend:nightly-main-a3", description="Image repository and tag.")
     digest: Text | None = Field(default=None, description="sha256:… digest the ref is pinned to (seed 4.1: pin it).")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from blocks._types import AbsPath, Text
+from blocks._types import AbsPath, StrictBlock, Text
 
 DraftKind = Literal["gqa", "mla", "mla-block5"]
 
@@ -53,11 +52,10 @@ class DraftSpec(CheckpointSpec):
     enforce_eager: bool = Field(default=True, description="speculative_config.enforce_eager")
 
 
-class ModelsConfig(Block):
+class ModelsConfig(StrictBlock):
     """Which checkpoints to fetch, from which hub."""
 
     _block_type_name = "k3deploy models"
-    model_config = ConfigDict(extra="forbid")
 
     hub: Literal["modelscope", "huggingface"] = Field(default="modelscope", description="Hub to download from.")
     hub_endpoint: Text | None = Field(

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field
 
-from blocks._types import Arg, EnvName, Text
+from blocks._types import Arg, EnvName, StrictBlock, Text
 
 SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
     "/dev/davinci_manager",
@@ -71,11 +70,10 @@ class ContainerSettings(BaseModel):
     )
 
 
-class ServeConfig(Block):
+class ServeConfig(StrictBlock):
     """The vLLM-Ascend server on every node."""
 
     _block_type_name = "k3deploy serve"
-    model_config = ConfigDict(extra="forbid")
 
     served_model_name: Text = Field(default="kimi-k3", description="--served-model-name")
     host: Text = Field(default="0.0.0.0", description="--host the HTTP server binds on node 0 and workers.")
