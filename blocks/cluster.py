@@ -45,7 +45,13 @@ class SSHSettings(BaseModel):
         default=None,
         description="The private key itself (PEM/OpenSSH text); or set K3DEPLOY_SSH_PRIVATE_KEY.",
     )
-    connect_timeout_s: float = Field(default=10.0, gt=0, description="Per-connection timeout.")
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time to get a connection, retries on connection faults included."
+    )
+    trust_new_hosts: bool = Field(
+        default=False,
+        description="Accept and record the key of a node missing from known_hosts; a changed key is always refused.",
+    )
 
 
 class ClusterConfig(StrictBlock):

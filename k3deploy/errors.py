@@ -41,6 +41,10 @@ class ConnectionFault(TransportError):
 class CommandTimeout(TransportError):
     """A remote command ran past its timeout and was killed on the node."""
 
+    def __init__(self, host: str, message: str, stdout: str = "", stderr: str = "") -> None:
+        self.stdout, self.stderr = stdout, stderr
+        super().__init__(host, message)
+
 
 class CommandFailed(TransportError):
     """A command ran on the node and exited non-zero; never retried."""

@@ -16,7 +16,10 @@ def prefect_server():
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), prefect_test_harness(server_startup_timeout=120):
+    with (
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+        prefect_test_harness(server_startup_timeout=120),
+    ):
         yield
 
 
