@@ -1,0 +1,1 @@
+"""Models stage: hub listings with checksums, download, verification and manifests."""

@@ -1,0 +1,85 @@
+"""What the hub says a checkpoint is: its commit and every file's size and checksum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from k3deploy.errors import K3DeployError
+
+
+class HubError(K3DeployError):
+    """The hub could not list a checkpoint."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file as the hub lists it; sha256 when the hub has it, else the git blob id."""
+
+    path: str
+    size: int
+    sha256: str | None
+    git_blob: str | None
+
+
+@dataclass(frozen=True)
+class Listing:
+    repo: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def hf_file(entry: Any) -> RemoteFile | None:
+    """A huggingface_hub tree entry (RepoFile) as a RemoteFile; folders give None."""
+    if not hasattr(entry, "size") or getattr(entry, "blob_id", None) is None:
+        return None
+    lfs = getattr(entry, "lfs", None)
+    sha256 = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
+    return RemoteFile(entry.path, int(entry.size), sha256, None if sha256 else entry.blob_id)
+
+
+def ms_file(item: dict[str, Any]) -> RemoteFile | None:
+    """A ModelScope `repo/files` item as a RemoteFile; folders give None."""
+    if item.get("Type") == "tree":
+        return None
+    return RemoteFile(item["Path"], int(item["Size"]), item.get("Sha256") or None, item.get("Id") or None)
+
+
+def list_huggingface(repo: str, revision: str | None, endpoint: str | None, token: SecretStr | None) -> Listing:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=endpoint, token=token.get_secret_value() if token else False)
+    try:
+        commit = api.model_info(repo, revision=revision).sha
+        entries = api.list_repo_tree(repo, revision=commit, recursive=True)
+        files = tuple(f for f in (hf_file(e) for e in entries) if f is not None)
+    except HfHubHTTPError as err:
+        raise HubError(f"huggingface {repo}@{revision or 'main'}: {err}") from None
+    if not commit:
+        raise HubError(f"huggingface {repo}@{revision}: the hub returned no commit")
+    return Listing(repo, commit, files)
+
+
+def list_modelscope(repo: str, revision: str | None, endpoint: str, token: SecretStr | None) -> Listing:
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+    url = f"{endpoint.rstrip('/')}/api/v1/models/{repo}/repo/files"
+    params = {"Revision": revision or "master", "Recursive": "True"}
+    try:
+        response = httpx.get(url, params=params, headers=headers, timeout=60)
+        response.raise_for_status()
+        items = response.json()["Data"]["Files"]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as err:
+        raise HubError(f"modelscope {repo}@{params['Revision']}: cannot list files: {err}") from None
+    files = tuple(f for f in (ms_file(i) for i in items) if f is not None)
+    commits = {i.get("Revision") for i in items if i.get("Revision")}
+    if len(commits) != 1:
+        raise HubError(f"modelscope {repo}@{params['Revision']}: listing names {len(commits)} commits, expected one")
+    return Listing(repo, commits.pop(), files)
