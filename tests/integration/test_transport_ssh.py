@@ -59,9 +59,7 @@ def test_connection_is_reused(nodes):
 
 def test_changed_host_key_is_refused_naming_the_host(testbed, tmp_path: Path):
     host = testbed.hosts[1]
-    impostor = (
-        paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else paramiko.ECDSAKey.generate()
-    )
+    impostor = paramiko.ECDSAKey.generate()
     known = tmp_path / "known_hosts"
     known.write_text(
         pinned_lines(testbed, lambda line: not line.startswith(f"{host.ip} "))
