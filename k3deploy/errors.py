@@ -57,5 +57,5 @@ class CommandFailed(TransportError):
         super().__init__(host, f"command exited {exit_code}: {command!r}: {tail}")
 
 
-class ChecksumMismatch(K3DeployError):
-    """A file's sha256 differs from the hub's metadata."""
+class HubError(K3DeployError):
+    """A model hub could not list or serve a checkpoint."""

@@ -7,8 +7,6 @@ file on every call: this is the one check the pipeline trusts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +60,3 @@ def check_file(root: Path, remote: RemoteFile) -> FileCheck:
     if actual != expected:
         return FileCheck(remote.path, False, f"{kind} {actual} does not match the hub's {expected}")
     return FileCheck(remote.path, True)
-
-
-def verify_tree(root: Path, files: Iterable[RemoteFile], threads: int = 2) -> list[FileCheck]:
-    """Check every listed file, `threads` files at a time; results in listing order."""
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        return list(pool.map(lambda f: check_file(root, f), files))

@@ -8,11 +8,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from k3deploy.errors import K3DeployError
-
-
-class HubError(K3DeployError):
-    """The hub could not list a checkpoint."""
+from k3deploy.errors import HubError
 
 
 @dataclass(frozen=True)

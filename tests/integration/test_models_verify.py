@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import snapshot_download
 
-from tasks.models.checksum import verify_tree
 from tasks.models.listing import list_huggingface, list_modelscope
+from tasks.models.manifest import verify_checkpoint
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 
@@ -40,7 +40,7 @@ def test_corruption_the_hf_client_accepts_is_caught_and_named(hub, tmp_path: Pat
     server.faults.clear()
     listing = list_huggingface(REPO, "main", server.url, None)
     assert listing.commit == commit
-    results = {r.path: r for r in verify_tree(local, listing.files)}
+    results = {r.path: r for r in verify_checkpoint(local, listing)[0]}
     assert set(results) == set(files)
     assert [p for p, r in results.items() if not r.ok] == [victim]
     kind = "sha256" if victim.endswith(".safetensors") else "git blob id"
@@ -58,6 +58,6 @@ def test_modelscope_listing_verifies_a_modelscope_download(hub, tmp_path: Path, 
     local = Path(ms_snapshot_download(REPO, revision="main", local_dir=str(tmp_path / "ms")))
     listing = list_modelscope(REPO, "main", server.url, None)
     assert listing.commit == commit and listing.total_bytes == sum(len(b) for b in files.values())
-    assert all(r.ok for r in verify_tree(local, listing.files))
+    assert all(r.ok for r in verify_checkpoint(local, listing)[0])
     (local / "config.json").write_bytes(b'{"quantization_config": {"quant_method": "w8a8"}}')
-    assert [r.path for r in verify_tree(local, listing.files) if not r.ok] == ["config.json"]
+    assert [r.path for r in verify_checkpoint(local, listing)[0] if not r.ok] == ["config.json"]

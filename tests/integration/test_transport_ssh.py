@@ -34,6 +34,17 @@ def pinned_lines(bed, keep=lambda line: True) -> str:
     return "".join(line for line in bed.known_hosts.read_text().splitlines(keepends=True) if keep(line))
 
 
+def known_hosts_with_impostor(bed, host, tmp_path: Path) -> Path:
+    """The bed's known_hosts with `host` pinned to a freshly generated key it does not have."""
+    impostor = paramiko.ECDSAKey.generate()
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        pinned_lines(bed, lambda line: not line.startswith(f"{host.ip} "))
+        + f"{host.ip} {impostor.get_name()} {impostor.get_base64()}\n"
+    )
+    return known
+
+
 def test_fan_out_reaches_every_host_with_its_own_result(nodes):
     results = run_all(nodes, "hostname; echo to-stderr >&2; exit 0", timeout=20)
     assert list(results) == list(nodes)
@@ -59,12 +70,7 @@ def test_connection_is_reused(nodes):
 
 def test_changed_host_key_is_refused_naming_the_host(testbed, tmp_path: Path):
     host = testbed.hosts[1]
-    impostor = paramiko.ECDSAKey.generate()
-    known = tmp_path / "known_hosts"
-    known.write_text(
-        pinned_lines(testbed, lambda line: not line.startswith(f"{host.ip} "))
-        + f"{host.ip} {impostor.get_name()} {impostor.get_base64()}\n"
-    )
+    known = known_hosts_with_impostor(testbed, host, tmp_path)
     with pytest.raises(HostKeyError, match=rf"^{host.name}: host key CHANGED") as info:
         transport(testbed, host, known_hosts=known).run("true", 10)
     assert host.ip in str(info.value)
@@ -224,11 +230,6 @@ def test_docker_api_over_pinned_ssh_on_every_host(testbed, nodes):
 
 def test_docker_api_refuses_a_changed_host_key(testbed, tmp_path: Path):
     host = testbed.hosts[3]
-    impostor = paramiko.ECDSAKey.generate()
-    known = tmp_path / "known_hosts"
-    known.write_text(
-        pinned_lines(testbed, lambda line: not line.startswith(f"{host.ip} "))
-        + f"{host.ip} {impostor.get_name()} {impostor.get_base64()}\n"
-    )
+    known = known_hosts_with_impostor(testbed, host, tmp_path)
     with pytest.raises(HostKeyError, match=rf"^{host.name}: host key CHANGED"):
         docker_client(transport(testbed, host, known_hosts=known))

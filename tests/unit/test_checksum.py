@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.models.checksum import CHUNK, check_file, git_blob_sha1, sha256_file, verify_tree
-from tasks.models.listing import RemoteFile, ms_file
+from tasks.models.checksum import CHUNK, check_file, git_blob_sha1, sha256_file
+from tasks.models.listing import Listing, RemoteFile, ms_file
+from tasks.models.manifest import verify_checkpoint
 
 pytestmark = pytest.mark.models
 
@@ -40,7 +41,7 @@ def test_check_file_says_what_is_wrong(tmp_path: Path):
     bad = check_file(tmp_path, RemoteFile("a.bin", 3, "0" * 64, None))
     assert not bad.ok and "does not match the hub's 000" in bad.problem
     assert "no checksum" in check_file(tmp_path, RemoteFile("a.bin", 3, None, None)).problem
-    results = verify_tree(tmp_path, [good, RemoteFile("b.bin", 1, None, None)])
+    results, _, _ = verify_checkpoint(tmp_path, Listing("o/r", "c" * 40, (good, RemoteFile("b.bin", 1, None, None))))
     assert [r.ok for r in results] == [True, False]
 
 
