@@ -18,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.models.checksum import sha256_file
 from tasks.models.listing import Listing, RemoteFile
-from tasks.models.manifest import verify_checkpoint
+from tasks.models.node_agent import sha256_file, verify_checkpoint
 
 PEAK_RSS = (
-    "import resource,sys; from pathlib import Path; from tasks.models.checksum import sha256_file;"
+    "import resource,sys; from pathlib import Path; from tasks.models.node_agent import sha256_file;"
     "sha256_file(Path(sys.argv[1])); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 )
 

@@ -68,3 +68,11 @@ class ModelsConfig(StrictBlock):
     )
     tokenizer_path: AbsPath | None = Field(default=None, description="TOKENIZER_PATH; defaults to the target's path.")
     draft: DraftSpec | None = Field(default=None, description="Optional DSpark draft; None serves without.")
+    node_python: Text = Field(
+        default="python3",
+        description="Python 3.9+ on every node; runs k3deploy's standard-library downloader and hasher there.",
+    )
+    threads: int = Field(default=4, ge=1, le=64, description="Files hashed or downloaded at once on each node.")
+    timeout_s: float = Field(
+        default=172800, gt=0, description="Longest a download or a verification may run on one node (seconds)."
+    )

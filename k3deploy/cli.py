@@ -64,10 +64,29 @@ def run(config: ConfigPath) -> None:
     _not_yet("run")
 
 
+# Stages that can run on their own so far: name → "module:flow".
+STAGE_FLOWS = {"models": "flows.models:models"}
+
+
 @app.command()
-def rerun(config: ConfigPath, stage: Annotated[str, typer.Argument(help="Stage to run again.")]) -> None:
-    """Run one stage again, reusing what earlier stages verified (not yet available)."""
-    _not_yet("rerun")
+def rerun(
+    config: ConfigPath,
+    stage: Annotated[str, typer.Argument(help=f"Stage to run again: {', '.join(STAGE_FLOWS)}.")],
+) -> None:
+    """Run one stage again; verified work of earlier runs is reused (cached tasks, node manifests)."""
+    if stage not in STAGE_FLOWS:
+        typer.echo(f"k3deploy rerun: stage {stage!r} is not available; available: {', '.join(STAGE_FLOWS)}", err=True)
+        raise typer.Exit(code=2)
+    import importlib
+
+    module, name = STAGE_FLOWS[stage].split(":")
+    flow = getattr(importlib.import_module(module), name)
+    try:
+        record = flow(config=str(config))
+    except K3DeployError as err:
+        typer.echo(f"k3deploy rerun {stage}: {err}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(json.dumps(record, indent=1))
 
 
 @app.command()

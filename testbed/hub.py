@@ -323,6 +323,11 @@ class HubServer:
         self._thread: threading.Thread | None = None
 
     @property
+    def root(self) -> Path:
+        """The folder the hub serves (give it to `publish`)."""
+        return self._server.root
+
+    @property
     def url(self) -> str:
         """Base URL to give the clients as HF_ENDPOINT / MODELSCOPE_ENDPOINT."""
         host, port = self._server.server_address[:2]

@@ -1,1 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 pytest_plugins = ["testbed.pytest_plugin"]
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real (temporary) Prefect server for the session; results persist under a fresh folder."""
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-results")
+    with (
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_LOCAL_STORAGE_PATH: storage}),
+        prefect_test_harness(server_startup_timeout=120),
+    ):
+        yield storage

@@ -64,8 +64,27 @@ def list_huggingface(repo: str, revision: str | None, endpoint: str | None, toke
     return Listing(repo, commit, files)
 
 
+def download_urls(hub: str, listing: Listing, revision: str | None, endpoint: str | None) -> dict[str, str]:
+    """Each file's download URL, as the hub's own client builds it (HF by commit; ModelScope by revision)."""
+    if hub == "huggingface":
+        from huggingface_hub import hf_hub_url
+
+        commit = listing.commit
+        return {f.path: hf_hub_url(listing.repo, f.path, revision=commit, endpoint=endpoint) for f in listing.files}
+    from modelscope.hub.file_download import get_file_download_url
+
+    return {
+        f.path: get_file_download_url(listing.repo, f.path, revision or "master", endpoint=endpoint)
+        for f in listing.files
+    }
+
+
+def auth_headers(token: SecretStr | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+
+
 def list_modelscope(repo: str, revision: str | None, endpoint: str, token: SecretStr | None) -> Listing:
-    headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+    headers = auth_headers(token)
     url = f"{endpoint.rstrip('/')}/api/v1/models/{repo}/repo/files"
     params = {"Revision": revision or "master", "Recursive": "True"}
     try:

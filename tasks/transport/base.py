@@ -46,8 +46,13 @@ class Transport(Protocol):
 
     host: str
 
-    def run(self, command: Command, timeout: float, on_output: OutputCallback | None = None) -> CommandResult:
-        """Run `command`, killing it on the node once `timeout` seconds pass (CommandTimeout)."""
+    def run(
+        self, command: Command, timeout: float, on_output: OutputCallback | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
+        """Run `command`, killing it on the node once `timeout` seconds pass (CommandTimeout).
+
+        `stdin` is sent to the command, then end-of-file; use it for anything that must not be in argv.
+        """
         ...
 
     def close(self) -> None: ...
@@ -107,10 +112,11 @@ def run_all(
     command: Command | Mapping[str, Command],
     timeout: float,
     on_output: OutputCallback | None = None,
+    stdin: bytes | Mapping[str, bytes] | None = None,
 ) -> dict[str, CommandResult | TransportError]:
     """Run on every node at once; one node's failure never hides another's result.
 
-    `command` is the same for all nodes, or a mapping of node name to its own command.
+    `command` (and `stdin`) is the same for all nodes, or a mapping of node name to its own.
     """
     per_node = command if isinstance(command, Mapping) else dict.fromkeys(transports, command)
     missing = set(per_node) - set(transports)
@@ -119,7 +125,8 @@ def run_all(
 
     def one(name: str) -> CommandResult | TransportError:
         try:
-            return transports[name].run(per_node[name], timeout, on_output)
+            data = stdin.get(name) if isinstance(stdin, Mapping) else stdin
+            return transports[name].run(per_node[name], timeout, on_output, stdin=data)
         except TransportError as err:
             return err
 

@@ -21,14 +21,16 @@ class LocalTransport:
     def __init__(self, host: str = "localhost") -> None:
         self.host = host
 
-    def run(self, command: Command, timeout: float, on_output: OutputCallback | None = None) -> CommandResult:
+    def run(
+        self, command: Command, timeout: float, on_output: OutputCallback | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
         text = shell_command(command)
         collector = OutputCollector(self.host, on_output)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
                 ["bash", "-c", text],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, so a timeout kills the whole tree
@@ -41,6 +43,8 @@ class LocalTransport:
         ]
         for reader in readers:
             reader.start()
+        if stdin is not None:
+            threading.Thread(target=self._feed_stdin, args=(proc, stdin), daemon=True).start()
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -58,6 +62,14 @@ class LocalTransport:
             reader.join(timeout=READER_GRACE_S)  # a background child may hold the pipes open
         out, err = collector.finish()
         return CommandResult(self.host, text, code, out, err, time.monotonic() - started)
+
+    @staticmethod
+    def _feed_stdin(proc: subprocess.Popen[bytes], data: bytes) -> None:
+        try:
+            proc.stdin.write(data)  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass  # the command exited without reading its input: its exit status tells the story
 
     @staticmethod
     def _pump(pipe, name: str, collector: OutputCollector) -> None:  # type: ignore[no-untyped-def]

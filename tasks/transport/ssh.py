@@ -178,7 +178,9 @@ class SSHTransport:
                     raise ConnectionFault(self.host, f"cannot open an SSH session: {err}") from None
         raise AssertionError("unreachable")
 
-    def run(self, command: Command, timeout: float, on_output: OutputCallback | None = None) -> CommandResult:
+    def run(
+        self, command: Command, timeout: float, on_output: OutputCallback | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
         text = shell_command(command)
         channel = self._open_session()
         collector = OutputCollector(self.host, on_output)
@@ -186,6 +188,9 @@ class SSHTransport:
         local_deadline = started + timeout + KILL_GRACE_S + 5  # the node's own timeout fires first
         try:
             channel.exec_command(with_timeout(text, timeout))
+            if stdin:
+                channel.sendall(stdin)  # small inputs (a job description): fits the channel window
+            channel.shutdown_write()  # EOF: a command reading stdin never waits on us
             while not (channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready()):
                 if time.monotonic() > local_deadline:
                     raise CommandTimeout(self.host, f"no exit after {timeout:g}s and the kill grace: {text!r}")

@@ -11,18 +11,6 @@ from tests.configs import site_data
 pytestmark = pytest.mark.prefect
 
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    with (
-        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-        prefect_test_harness(server_startup_timeout=120),
-    ):
-        yield
-
-
 def test_deployment_block_round_trips_with_secrets(prefect_server):
     cfg = parse_config(site_data(), environ={"K3DEPLOY_HUB_TOKEN": "hf_block_sekrit"})
     cfg.save("site-a", overwrite=True)

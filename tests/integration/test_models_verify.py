@@ -9,7 +9,7 @@ import pytest
 from huggingface_hub import snapshot_download
 
 from tasks.models.listing import list_huggingface, list_modelscope
-from tasks.models.manifest import verify_checkpoint
+from tasks.models.node_agent import verify_checkpoint
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 

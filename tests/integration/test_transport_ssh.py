@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -58,6 +59,14 @@ def test_fan_out_reaches_every_host_with_its_own_result(nodes):
 def test_per_node_commands(nodes):
     results = run_all(nodes, {name: ["echo", f"for {name}; $(not expanded)"] for name in nodes}, timeout=20)
     assert {n: r.stdout for n, r in results.items()} == {n: f"for {n}; $(not expanded)\n" for n in nodes}
+
+
+def test_stdin_reaches_the_remote_command_then_end_of_file(nodes):
+    data = {name: f"job for {name}\n".encode() * 1000 for name in nodes}
+    results = run_all(nodes, "sha256sum | cut -c1-64", timeout=20, stdin=data)
+    for name, result in results.items():
+        assert result.stdout.strip() == hashlib.sha256(data[name]).hexdigest()
+    assert nodes["node0"].run("cat", 10).stdout == ""  # without stdin the command reads end-of-file
 
 
 def test_connection_is_reused(nodes):

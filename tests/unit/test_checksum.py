@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.models.checksum import CHUNK, check_file, git_blob_sha1, sha256_file
 from tasks.models.listing import Listing, RemoteFile, ms_file
-from tasks.models.manifest import verify_checkpoint
+from tasks.models.node_agent import CHUNK, check_file, git_blob_sha1, sha256_file, verify_checkpoint
 
 pytestmark = pytest.mark.models
 

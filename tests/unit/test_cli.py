@@ -120,3 +120,9 @@ def test_readme_reference_is_current():
     readme = (ROOT / "README.md").read_text()
     start = readme.index("-->\n", readme.index("<!-- config-reference")) + len("-->\n")
     assert readme[start : readme.index("<!-- /config-reference -->")].strip() == config_reference().strip()
+
+
+def test_rerun_names_the_stages_it_can_run():
+    out = k3deploy("rerun", "-c", "x.yaml", "launch")
+    assert out.returncode == 2
+    assert "stage 'launch' is not available; available: models" in out.stderr

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.models.checks import differing_nodes
 from tasks.models.listing import Listing, RemoteFile
-from tasks.models.manifest import differing_nodes, load_manifest, verify_checkpoint, write_manifest
+from tasks.models.node_agent import load_manifest, verify_checkpoint, write_manifest
 
 pytestmark = pytest.mark.models
 

@@ -68,6 +68,14 @@ def test_fan_out_keeps_each_nodes_result_and_error():
     assert isinstance(results["b"], CommandTimeout) and results["b"].host == "b"
 
 
+def test_stdin_reaches_the_command_and_ends():
+    nodes = {"a": LocalTransport("a"), "b": LocalTransport("b")}
+    results = run_all(nodes, "wc -c; cat", timeout=10, stdin={"a": b"secret-a", "b": b""})
+    assert results["a"].stdout == "8\n" and results["b"].stdout == "0\n"
+    assert "secret" not in results["a"].command  # what goes on stdin is never in the command line
+    assert LocalTransport("c").run("cat", 10).stdout == ""  # no stdin: end-of-file at once, no hang
+
+
 def test_fan_out_refuses_a_node_without_transport():
     with pytest.raises(ValueError, match="no transport for node"):
         run_all({"a": LocalTransport("a")}, {"z": "true"}, timeout=1)

@@ -1,0 +1,416 @@
+"""The part of the models stage that runs on a node, next to the disk: hash, verify, download.
+
+Standard library only: the controller sends this file's source and the job (file list, URLs, auth
+header) as JSON on stdin to a short `python3 -c` loader, so nothing is installed on the nodes and no
+secret appears in a command line. Progress goes to stderr as `K3PROGRESS {json}`
+lines; the result is one JSON object on the last stdout line.
+
+Downloads are our own ranged GETs of the URLs the hub clients build: huggingface_hub 2.4 writes
+each download to a process-unique temporary file and deletes it on failure, so an interrupted
+1.49 TB download would start again from zero. Here a partial file survives a kill and the next
+run continues it with a Range request, hashing as it writes, so a fresh download is verified
+without a second read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CHUNK = 8 * 1024 * 1024  # hashlib releases the GIL on large updates: threads scale
+NET_CHUNK = 1024 * 1024
+MANIFEST_NAME = ".k3deploy-manifest.json"
+PARTIAL_DIR = ".k3deploy-partial"
+FORMAT = 1
+PROGRESS = "K3PROGRESS "
+PROGRESS_EVERY_S = 1.0
+
+
+# ---- hashing ---------------------------------------------------------------------------------
+
+
+def _new_hasher(expected: Any) -> Any:
+    """sha256 for LFS files; the git blob id (sha1 over a header) for small files the hub lists so."""
+    if expected.sha256:
+        return hashlib.sha256()
+    hasher = hashlib.sha1()
+    hasher.update(f"blob {expected.size}\0".encode())
+    return hasher
+
+
+def _feed(path: Path, hasher: Any, on_bytes: Any = None, chunk: int = CHUNK) -> None:
+    """Hash a file through one reused buffer: memory does not grow with file size."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            hasher.update(view[:n])
+            if on_bytes:
+                on_bytes(n)
+
+
+def sha256_file(path: Path, chunk: int = CHUNK) -> str:
+    hasher = hashlib.sha256()
+    _feed(path, hasher, chunk=chunk)
+    return hasher.hexdigest()
+
+
+def git_blob_sha1(path: Path) -> str:
+    hasher = hashlib.sha1()
+    hasher.update(f"blob {path.stat().st_size}\0".encode())
+    _feed(path, hasher)
+    return hasher.hexdigest()
+
+
+def _mismatch(expected: Any, actual: str) -> str:
+    kind, want = ("sha256", expected.sha256) if expected.sha256 else ("git blob id", expected.git_blob)
+    return "" if actual == want else f"{kind} {actual} does not match the hub's {want}"
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    path: str
+    ok: bool
+    problem: str = ""
+
+
+def check_file(root: Path, expected: Any, on_bytes: Any = None) -> FileCheck:
+    """Is `root/expected.path` the file the hub lists? Size first (cheap), then the checksum."""
+    path = root / expected.path
+    if not path.is_file():
+        return FileCheck(expected.path, False, "missing")
+    size = path.stat().st_size
+    if size != expected.size:
+        return FileCheck(expected.path, False, f"size {size} bytes, hub says {expected.size}")
+    if not (expected.sha256 or expected.git_blob):
+        return FileCheck(expected.path, False, "the hub lists no checksum for it")
+    hasher = _new_hasher(expected)
+    _feed(path, hasher, on_bytes)
+    problem = _mismatch(expected, hasher.hexdigest())
+    return FileCheck(expected.path, not problem, problem)
+
+
+# ---- the manifest ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    size: int
+    mtime_ns: int
+    sha256: str | None
+    git_blob: str | None
+    verified_at: str
+
+
+@dataclass
+class Manifest:
+    repo: str
+    commit: str
+    files: dict[str, ManifestEntry] = field(default_factory=dict)
+    verify_seconds: float = 0.0
+    format: int = FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files.values())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"total_bytes": self.total_bytes}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        data = dict(data)
+        data.pop("total_bytes", None)
+        files = {path: ManifestEntry(**entry) for path, entry in data.pop("files").items()}
+        return cls(files=files, **data)
+
+
+def load_manifest(root: Path) -> Manifest | None:
+    """The manifest beside a checkpoint, or None when absent or unreadable (then everything is hashed)."""
+    try:
+        manifest = Manifest.from_dict(json.loads((root / MANIFEST_NAME).read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return manifest if manifest.format == FORMAT else None
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    tmp = root / f"{MANIFEST_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, root / MANIFEST_NAME)  # never a half-written manifest
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")  # noqa: UP017 - nodes may run Python < 3.11
+
+
+def _entry(root: Path, expected: Any) -> ManifestEntry:
+    st = (root / expected.path).stat()
+    return ManifestEntry(st.st_size, st.st_mtime_ns, expected.sha256, expected.git_blob, _now())
+
+
+def _vouched(root: Path, expected: Any, entry: ManifestEntry | None) -> bool:
+    """Does the manifest vouch for the file: same expected checksum, size and mtime as when verified?"""
+    if entry is None or (entry.sha256, entry.git_blob) != (expected.sha256, expected.git_blob):
+        return False
+    try:
+        st = (root / expected.path).stat()
+    except OSError:
+        return False
+    return st.st_size == entry.size == expected.size and st.st_mtime_ns == entry.mtime_ns
+
+
+def verify_checkpoint(
+    root: Path, listing: Any, previous: Manifest | None = None, threads: int = 2, on_bytes: Any = None
+) -> tuple[list[FileCheck], Manifest, list[str]]:
+    """Check every listed file; hash only those the previous manifest cannot vouch for.
+
+    Returns the checks (listing order), the new manifest (verified files only) and the paths hashed.
+    """
+    started = time.perf_counter()
+    old = previous.files if previous is not None else {}
+    hashed: list[str] = []
+
+    def one(expected: Any) -> tuple[FileCheck, ManifestEntry | None]:
+        entry = old.get(expected.path)
+        if entry is not None and _vouched(root, expected, entry):
+            return FileCheck(expected.path, True), entry
+        if (root / expected.path).is_file():
+            hashed.append(expected.path)
+        check = check_file(root, expected, on_bytes)
+        return check, (_entry(root, expected) if check.ok else None)
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        outcomes = list(pool.map(one, listing.files))
+    complete = all(check.ok for check, _ in outcomes)
+    # The commit is the last one at which every file was verified here: a partial pass keeps the old one.
+    manifest = Manifest(listing.repo, listing.commit if complete else (previous.commit if previous else ""))
+    for expected, (_, entry) in zip(listing.files, outcomes):  # noqa: B905 - nodes may run Python < 3.10
+        if entry is not None:
+            manifest.files[expected.path] = entry
+    manifest.verify_seconds = round(time.perf_counter() - started, 3)
+    return [check for check, _ in outcomes], manifest, sorted(hashed)
+
+
+# ---- progress --------------------------------------------------------------------------------
+
+
+class Progress:
+    """Counts bytes from many threads; prints a K3PROGRESS line at most once a second."""
+
+    def __init__(self, op: str, total: int) -> None:
+        self.op, self.total, self.done = op, total, 0
+        self._lock = threading.Lock()
+        self._last = 0.0
+
+    def add(self, n: int, file: str = "") -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if now - self._last < PROGRESS_EVERY_S and self.done < self.total:
+                return
+            self._last = now
+            line = json.dumps({"op": self.op, "done": self.done, "total": self.total, "file": file})
+        print(PROGRESS + line, file=sys.stderr, flush=True)
+
+
+# ---- download --------------------------------------------------------------------------------
+
+
+class FetchError(Exception):
+    pass
+
+
+def _open(url: str, headers: dict[str, str], start: int, timeout: float) -> Any:
+    request = urllib.request.Request(url, headers={**headers, **({"Range": f"bytes={start}-"} if start else {})})
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress) -> FileCheck:
+    """Download one file into a partial that survives interruption, hashing as it arrives; move it in place."""
+    partial = root / PARTIAL_DIR / (expected.path + ".part")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    hasher = _new_hasher(expected)
+    have = partial.stat().st_size if partial.exists() else 0
+    if have > expected.size:
+        partial.unlink()
+        have = 0
+    if have:
+        _feed(partial, hasher)  # resume: the bytes already here count towards the checksum
+        progress.add(have, expected.path)
+    retries, attempt = int(job.get("retries", 5)), 0
+    while have < expected.size:
+        try:
+            with _open(expected.url, job.get("headers", {}), have, float(job.get("read_timeout_s", 60))) as response:
+                if have and response.status != 206:  # the server ignored the range: start over
+                    hasher, have = _new_hasher(expected), 0
+                with partial.open("ab" if have else "wb") as out:
+                    while chunk := response.read1(NET_CHUNK):  # what has arrived: a kill loses little
+                        if have + len(chunk) > expected.size:
+                            raise FetchError(f"the hub sent more than the {expected.size} bytes it lists")
+                        out.write(chunk)
+                        hasher.update(chunk)
+                        have += len(chunk)
+                        progress.add(len(chunk), expected.path)
+        except (OSError, http.client.HTTPException) as err:
+            status = getattr(err, "code", None)
+            if status in (401, 403, 404) or attempt >= retries:
+                return FileCheck(expected.path, False, f"download failed after {attempt + 1} attempt(s): {err}")
+            attempt += 1
+            time.sleep(min(2**attempt * 0.25, 10))  # back off before resuming; not synchronisation
+            continue
+        except FetchError as err:
+            partial.unlink(missing_ok=True)
+            return FileCheck(expected.path, False, str(err))
+        if have < expected.size:  # the connection closed early without an error: resume
+            attempt += 1
+            if attempt > retries:
+                return FileCheck(expected.path, False, f"download stopped at {have} of {expected.size} bytes")
+    problem = _mismatch(expected, hasher.hexdigest())
+    if problem:
+        partial.unlink()
+        return FileCheck(expected.path, False, f"downloaded file: {problem}")
+    target = root / expected.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, target)
+    return FileCheck(expected.path, True)
+
+
+def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[FileCheck], Manifest]:
+    """Fetch the files the job names (replacing bad ones), recording each in the manifest as it lands."""
+    root.mkdir(parents=True, exist_ok=True)
+    previous = load_manifest(root)
+    manifest = Manifest(listing.repo, previous.commit if previous else "", dict(previous.files) if previous else {})
+    wanted = [f for f in listing.files if f.path in set(job["fetch"])]
+    for expected in wanted:
+        manifest.files.pop(expected.path, None)
+        target = root / expected.path
+        if target.exists():
+            target.unlink()  # a bad or stale copy; the manifest no longer vouches for it
+    progress = Progress("fetch", sum(f.size for f in wanted))
+    lock = threading.Lock()
+
+    def one(expected: Any) -> FileCheck:
+        check = fetch_file(root, expected, job, progress)
+        if check.ok:
+            with lock:
+                manifest.files[expected.path] = _entry(root, expected)
+                write_manifest(root, manifest)
+        return check
+
+    with ThreadPoolExecutor(max_workers=max(1, int(job.get("threads", 2)))) as pool:
+        checks = list(pool.map(one, wanted))
+    if all(f.path in manifest.files for f in listing.files):
+        manifest.commit = listing.commit
+    write_manifest(root, manifest)
+    return checks, manifest
+
+
+# ---- the job ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    path: str
+    size: int
+    sha256: str | None
+    git_blob: str | None
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class JobListing:
+    repo: str
+    commit: str
+    files: tuple[Expected, ...]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _free_bytes(root: Path) -> tuple[int, int]:
+    """Free bytes and device id of the filesystem `root` is (or will be) on."""
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize, probe.stat().st_dev
+
+
+def _stat_state(root: Path, listing: JobListing) -> dict[str, Any]:
+    """Sizes and mtimes (a fingerprint for caching), bytes still missing, free space: no hashing."""
+    entries, missing = [], 0
+    for f in listing.files:
+        try:
+            st = (root / f.path).stat()
+            entries.append([f.path, st.st_size, st.st_mtime_ns])
+            missing += 0 if st.st_size == f.size else f.size
+        except OSError:
+            entries.append([f.path, None, None])
+            missing += f.size - _size(root / PARTIAL_DIR / (f.path + ".part"))
+    fingerprint = hashlib.sha256(json.dumps([listing.commit, entries]).encode()).hexdigest()
+    free, device = _free_bytes(root)
+    return {"fingerprint": fingerprint, "missing_bytes": missing, "free_bytes": free, "device": device}
+
+
+def _documents(root: Path, names: list[str], limit: int = 1024 * 1024) -> dict[str, str]:
+    """Small text files the controller checks (config.json, quantization description)."""
+    out = {}
+    for name in names:
+        path = root / name
+        if path.is_file() and path.stat().st_size <= limit:
+            out[name] = path.read_text(errors="replace")
+    return out
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    root = Path(job["root"])
+    listing = JobListing(job["repo"], job["commit"], tuple(Expected(**f) for f in job["files"]))
+    result: dict[str, Any] = {"op": job["op"]}
+    if job["op"] == "verify":
+        previous = load_manifest(root)
+        progress = Progress("verify", sum(f.size for f in listing.files))
+        checks, manifest, hashed = verify_checkpoint(root, listing, previous, int(job.get("threads", 2)), progress.add)
+        if root.is_dir():
+            write_manifest(root, manifest)
+        result |= {"hashed": hashed, "previous_commit": previous.commit if previous else None}
+    elif job["op"] == "fetch":
+        checks, manifest = fetch_files(root, listing, job)
+    elif job["op"] != "stat":
+        raise ValueError(f"unknown op {job['op']!r}")
+    if job["op"] != "stat":
+        result |= {
+            "checks": [asdict(c) for c in checks],
+            "manifest": asdict(manifest),
+            "documents": _documents(root, job.get("read", [])),
+        }
+    return result | _stat_state(root, listing)
+
+
+def main(raw: bytes) -> int:
+    job = json.loads(raw)
+    try:
+        result = run_job(job)
+    except OSError as err:
+        result = {"op": job.get("op"), "error": f"{type(err).__name__}: {err}"}
+    print(json.dumps(result), flush=True)
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.stdin.buffer.read()))

@@ -1,0 +1,196 @@
+"""What the models stage concluded, per checkpoint and node: problems named, tables for the artifacts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from blocks.models import DraftSpec
+from tasks.models.checks import (
+    DOCUMENTS,
+    QUANT_DESCRIPTION,
+    Finding,
+    SpaceNeed,
+    differing_nodes,
+    draft_findings,
+    quantization_findings,
+    tokenizer_findings,
+)
+from tasks.models.listing import Listing
+from tasks.models.remote import NodeReport
+
+SHOWN = 10  # files named in one problem line before "and N more"
+
+
+def files_to_fetch(reports: Mapping[str, NodeReport]) -> dict[str, list[str]]:
+    """Per node, the files that are missing or failed verification: only these are downloaded."""
+    return {node: [c.path for c in report.bad] for node, report in reports.items()}
+
+
+def space_needs(stats: Mapping[str, Mapping[str, NodeReport]]) -> list[SpaceNeed]:
+    """stats: role → node → report."""
+    return [
+        SpaceNeed(node, r.device, r.missing_bytes, r.free_bytes)
+        for per_node in stats.values()
+        for node, r in per_node.items()
+    ]
+
+
+def _named(items: list[str]) -> str:
+    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+    return "; ".join(items[:SHOWN]) + more
+
+
+@dataclass
+class CheckpointOutcome:
+    role: str
+    path: str
+    listing: Listing
+    verified: dict[str, NodeReport]
+    fetched: dict[str, NodeReport] = field(default_factory=dict)
+    unseen: dict[str, str] = field(default_factory=dict)  # shared storage: nodes that do not see node 0's files
+
+    @property
+    def final(self) -> dict[str, NodeReport]:
+        return {node: self.fetched.get(node, report) for node, report in self.verified.items()}
+
+    def problems(self) -> list[str]:
+        """Each node, file and reason that keeps this checkpoint from being served."""
+        out = []
+        commit = self.listing.commit
+        for node, report in self.final.items():
+            bad = [f"{c.path}: {c.problem}" for c in report.bad]
+            if bad:
+                was = self.verified[node].previous_commit
+                held = f" (its manifest says commit {was})" if was and was != commit else ""
+                out.append(f"{node}: {len(bad)} file(s) do not match commit {commit}{held}: {_named(bad)}")
+        manifests = {n: r.manifest for n, r in self.final.items() if r.manifest is not None}
+        if len(manifests) > 1:
+            paths = [f.path for f in self.listing.files]
+            out += [
+                f"{node}: differs from the other nodes: {why}"
+                for node, why in differing_nodes(manifests, paths).items()
+            ]
+        out += [f"{node}: {why}" for node, why in self.unseen.items()]
+        return [f"{self.role} {self.path}: {p}" for p in out]
+
+    def changed_revision(self) -> dict[str, str]:
+        """Nodes whose copy was of another commit when this run found it."""
+        return {
+            node: r.previous_commit
+            for node, r in self.verified.items()
+            if r.previous_commit and r.previous_commit != self.listing.commit
+        }
+
+    def documents(self) -> dict[str, str]:
+        """config.json and the quantization description as one node holds them (all verified identical)."""
+        merged: dict[str, str] = {}
+        for report in [*self.verified.values(), *self.fetched.values()]:
+            merged |= report.documents
+        return {k: v for k, v in merged.items() if k in DOCUMENTS}
+
+    def config(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.documents().get("config.json", "{}"))
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def quant_description(self) -> str | None:
+        return self.documents().get(QUANT_DESCRIPTION)
+
+    def manifest_rows(self) -> list[dict[str, Any]]:
+        """One row per file: size, checksum, on how many nodes verified, when."""
+        final = self.final
+        rows = []
+        for f in self.listing.files:
+            entries = [r.manifest.files[f.path] for r in final.values() if r.manifest and f.path in r.manifest.files]
+            rows.append(
+                {
+                    "file": f.path,
+                    "bytes": f.size,
+                    "sha256" if f.sha256 else "git blob": f.sha256 or f.git_blob,
+                    "verified on": f"{len(entries)}/{len(final)} nodes",
+                    "verified at": max((e.verified_at for e in entries), default="never"),
+                }
+            )
+        return rows
+
+    def node_rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "checkpoint": self.role,
+                "node": node,
+                "hashed files": len(self.verified[node].hashed),
+                "downloaded files": sum(c.ok for c in self.fetched[node].checks) if node in self.fetched else 0,
+                "bad files": len(report.bad),
+                "verify s": report.manifest.verify_seconds if report.manifest else None,
+                "free GB": round(report.free_bytes / 1e9, 1),
+            }
+            for node, report in self.final.items()
+        ]
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "repo": self.listing.repo,
+            "commit": self.listing.commit,
+            "path": self.path,
+            "files": len(self.listing.files),
+            "bytes": self.listing.total_bytes,
+            "nodes": self.node_rows(),
+            "changed_revision": self.changed_revision(),
+            "problems": self.problems(),
+        }
+
+
+@dataclass
+class ModelsOutcome:
+    checkpoints: list[CheckpointOutcome]
+    findings: list[Finding]
+
+    def problems(self) -> list[str]:
+        out = [p for c in self.checkpoints for p in c.problems()]
+        return out + [f"{f.checkpoint}: {f.check}: {f.detail}" for f in self.findings if not f.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "verdict": "pass" if self.ok else "fail",
+            "checkpoints": [c.record() for c in self.checkpoints],
+            "checks": [vars(f) for f in self.findings],
+            "problems": self.problems(),
+        }
+
+    def markdown(self) -> str:
+        lines = [f"# Models: {'PASS' if self.ok else 'FAIL'}", ""]
+        for c in self.checkpoints:
+            lines.append(
+                f"- **{c.role}** `{c.listing.repo}` commit `{c.listing.commit}`: {len(c.listing.files)} files, "
+                f"{c.listing.total_bytes / 1e9:.2f} GB at `{c.path}`"
+            )
+            lines += [f"  - {node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
+        lines += ["", "| checkpoint | check | verdict | detail |", "|---|---|---|---|"]
+        lines += [f"| {f.checkpoint} | {f.check} | {'ok' if f.ok else 'FAIL'} | {f.detail} |" for f in self.findings]
+        if self.problems():
+            lines += ["", "## Problems", *[f"- {p}" for p in self.problems()]]
+        return "\n".join(lines) + "\n"
+
+
+def content_findings(
+    outcomes: Mapping[str, CheckpointOutcome], draft: DraftSpec | None, quantized: bool
+) -> list[Finding]:
+    """The seed FAQ's checks on what the verified checkpoints contain."""
+    target = outcomes["target"]
+    found = tokenizer_findings("target", target.listing)
+    if quantized:
+        found += quantization_findings("target", target.listing, target.quant_description())
+    if draft is not None and "draft" in outcomes:
+        other = outcomes["draft"]
+        found += draft_findings(target.listing, other.listing, target.config(), other.config(), draft)
+    return found

@@ -1,0 +1,193 @@
+"""Running the node agent: the command, the job it reads on stdin, its progress lines and its result."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3deploy.errors import K3DeployError, TransportError
+from tasks.models import node_agent
+from tasks.models.listing import Listing
+from tasks.models.node_agent import FileCheck, Manifest
+from tasks.transport.base import CommandResult, OutputCallback, Transport, run_all
+
+AGENT_SOURCE = Path(node_agent.__file__).read_bytes()
+SEPARATOR = b"\n#k3deploy-job\n"
+if SEPARATOR in AGENT_SOURCE:
+    raise RuntimeError("node_agent.py must not contain the job separator")
+# Reads the agent's source and its job from stdin, loads the source as a module, runs main(job).
+LOADER = (
+    f"import sys,types;s,j=sys.stdin.buffer.read().split({SEPARATOR!r},1);"
+    "m=types.ModuleType('k3deploy_node_agent');sys.modules[m.__name__]=m;"
+    "exec(compile(s,'k3deploy_node_agent.py','exec'),m.__dict__);sys.exit(m.main(j))"
+)
+
+
+class NodeAgentError(K3DeployError):
+    """The agent could not run on a node, or said something we cannot read."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"{node}: {message}")
+        self.node = node
+
+
+def agent_command(python: str) -> list[str]:
+    """A short loader; the agent's source and its job travel on stdin (see `agent_input`)."""
+    return [python, "-c", LOADER]
+
+
+def agent_input(job_body: bytes) -> bytes:
+    return AGENT_SOURCE + SEPARATOR + job_body
+
+
+def job(
+    op: str,
+    root: str,
+    listing: Listing,
+    *,
+    threads: int = 2,
+    urls: Mapping[str, str] | None = None,
+    fetch: Iterable[str] = (),
+    headers: Mapping[str, str] | None = None,
+    read: Iterable[str] = (),
+) -> bytes:
+    """The JSON job for one node; headers may hold a token, which is why this goes on stdin."""
+    if op not in ("stat", "verify", "fetch"):
+        raise ValueError(f"unknown agent op {op!r}")
+    urls = urls or {}
+    files = [
+        {"path": f.path, "size": f.size, "sha256": f.sha256, "git_blob": f.git_blob, "url": urls.get(f.path, "")}
+        for f in listing.files
+    ]
+    fetch = sorted(fetch)
+    if op == "fetch" and (unknown := [p for p in fetch if not urls.get(p)]):
+        raise ValueError(f"no download URL for {', '.join(unknown)}")
+    body = {
+        "op": op,
+        "root": root,
+        "repo": listing.repo,
+        "commit": listing.commit,
+        "files": files,
+        "threads": threads,
+        "fetch": fetch,
+        "headers": dict(headers or {}),
+        "read": list(read),
+    }
+    return json.dumps(body).encode()
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What the agent found on one node for one checkpoint."""
+
+    node: str
+    fingerprint: str
+    missing_bytes: int
+    free_bytes: int
+    device: int
+    checks: tuple[FileCheck, ...] = ()
+    hashed: tuple[str, ...] = ()
+    manifest: Manifest | None = None
+    documents: dict[str, str] = field(default_factory=dict)
+    previous_commit: str | None = None
+
+    @property
+    def bad(self) -> list[FileCheck]:
+        return [c for c in self.checks if not c.ok]
+
+
+def parse_result(node: str, result: CommandResult) -> NodeReport:
+    """The agent's last stdout line, or an error naming the node and what the agent said."""
+    lines = result.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        tail = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}, no output"])[-1]
+        raise NodeAgentError(node, f"the models agent failed: {tail}")
+    if "error" in data:
+        raise NodeAgentError(node, f"the models agent failed: {data['error']}")
+    manifest = Manifest.from_dict(data["manifest"]) if data.get("manifest") else None
+    return NodeReport(
+        node=node,
+        fingerprint=data["fingerprint"],
+        missing_bytes=int(data["missing_bytes"]),
+        free_bytes=int(data["free_bytes"]),
+        device=int(data["device"]),
+        checks=tuple(FileCheck(**c) for c in data.get("checks", [])),
+        hashed=tuple(data.get("hashed", [])),
+        manifest=manifest,
+        documents=dict(data.get("documents", {})),
+        previous_commit=data.get("previous_commit"),
+    )
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """A `K3PROGRESS {json}` line as a dict; anything else is None."""
+    if not line.startswith(node_agent.PROGRESS):
+        return None
+    try:
+        data = json.loads(line[len(node_agent.PROGRESS) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class ProgressBoard:
+    """Sums every node's agent progress; calls `report(fraction, text)` at most every `every_s` seconds."""
+
+    def __init__(self, report: Callable[[float, str], None], every_s: float = 5.0) -> None:
+        self.report, self.every_s = report, every_s
+        self.nodes: dict[str, tuple[int, int]] = {}
+        self._last = float("-inf")  # the first line is always shown
+        self._started = time.monotonic()
+
+    def on_output(self, node: str, stream: str, line: str) -> None:
+        data = parse_progress(line) if stream == "stderr" else None
+        if data is None:
+            return
+        self.nodes[node] = (int(data["done"]), int(data["total"]))
+        now = time.monotonic()
+        if now - self._last >= self.every_s or all(d >= t for d, t in self.nodes.values()):
+            self._last = now
+            self.report(*self.summary())
+
+    def summary(self) -> tuple[float, str]:
+        done = sum(d for d, _ in self.nodes.values())
+        total = sum(t for _, t in self.nodes.values())
+        rate = done / max(time.monotonic() - self._started, 1e-6)
+        per_node = ", ".join(f"{n} {d / max(t, 1):.0%}" for n, (d, t) in sorted(self.nodes.items()))
+        text = f"{done / 1e9:.2f}/{total / 1e9:.2f} GB, {rate / 1e6:.0f} MB/s ({per_node})"
+        return (done / total if total else 1.0), text
+
+
+def run_agent(
+    transports: Mapping[str, Transport],
+    python: str,
+    jobs: Mapping[str, bytes],
+    timeout: float,
+    on_output: OutputCallback | None = None,
+) -> dict[str, NodeReport | K3DeployError]:
+    """Run one job per node in parallel; each node's report, or the error that names it."""
+    results = run_all(
+        {n: transports[n] for n in jobs},
+        agent_command(python),
+        timeout,
+        on_output,
+        stdin={n: agent_input(b) for n, b in jobs.items()},
+    )
+    out: dict[str, NodeReport | K3DeployError] = {}
+    for node, result in results.items():
+        if isinstance(result, TransportError):
+            out[node] = result
+            continue
+        try:
+            out[node] = parse_result(node, result)
+        except NodeAgentError as err:
+            out[node] = err
+    return out

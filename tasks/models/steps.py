@@ -1,0 +1,175 @@
+"""Prefect tasks of the models stage: thin wrappers over the listing, the node agent and the checks."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
+from blocks.cluster import ClusterConfig
+from blocks.models import CheckpointSpec, ModelsConfig
+from k3deploy.errors import K3DeployError
+from tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
+from tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
+from tasks.transport.factory import transports_for
+
+MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint to provide: its role (target or draft), hub coordinates and path on the nodes."""
+
+    role: str
+    repo: str
+    revision: str | None
+    path: str
+
+
+def checkpoints(models: ModelsConfig) -> list[Checkpoint]:
+    specs: list[tuple[str, CheckpointSpec]] = [("target", models.target)]
+    if models.draft is not None:
+        specs.append(("draft", models.draft))
+    return [Checkpoint(role, s.repo, s.revision, str(s.path)) for role, s in specs]
+
+
+def storage_nodes(cluster: ClusterConfig) -> list[str]:
+    """Nodes that hold their own copy: all of them, or node 0 alone when the model root is shared."""
+    names = [n.name for n in cluster.nodes]
+    return names[:1] if cluster.model_root_shared else names
+
+
+def _listing_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    """Cache a listing only for a commit: a branch or tag may move between runs."""
+    models: ModelsConfig = parameters["models"]
+    ckpt: Checkpoint = parameters["checkpoint"]
+    if not (ckpt.revision and COMMIT.fullmatch(ckpt.revision)):
+        return None
+    return f"listing-{models.hub}-{models.hub_endpoint}-{ckpt.repo}-{ckpt.revision}"
+
+
+@task(name="list checkpoint", cache_key_fn=_listing_key, persist_result=True, retries=2, retry_delay_seconds=5)
+def list_checkpoint(models: ModelsConfig, checkpoint: Checkpoint) -> Listing:
+    """The hub's commit for the configured revision and every file's size and checksum."""
+    if models.hub == "huggingface":
+        listing = list_huggingface(checkpoint.repo, checkpoint.revision, models.hub_endpoint, models.hub_token)
+    else:
+        endpoint = models.hub_endpoint or MODELSCOPE_ENDPOINT
+        listing = list_modelscope(checkpoint.repo, checkpoint.revision, endpoint, models.hub_token)
+    get_run_logger().info(
+        "%s %s@%s is commit %s: %d files, %.2f GB",
+        checkpoint.role,
+        checkpoint.repo,
+        checkpoint.revision or "default branch",
+        listing.commit,
+        len(listing.files),
+        listing.total_bytes / 1e9,
+    )
+    return listing
+
+
+def _listing_digest(listing: Listing) -> str:
+    rows = [f"{f.path}\0{f.size}\0{f.sha256}\0{f.git_blob}" for f in listing.files]
+    return hashlib.sha256("\n".join([listing.repo, listing.commit, *rows]).encode()).hexdigest()
+
+
+def _verify_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """Same files, same sizes and mtimes on the same nodes: the verified answer still holds."""
+    cluster: ClusterConfig = parameters["cluster"]
+    stats: Mapping[str, NodeReport] = parameters["stats"]
+    addresses = {n.name: n.address for n in cluster.nodes}
+    nodes = sorted(f"{n}@{addresses[n]}:{r.fingerprint}" for n, r in stats.items())
+    blob = "\n".join([parameters["checkpoint"].path, _listing_digest(parameters["listing"]), *nodes])
+    return "verify-" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _progress_reporter(title: str) -> ProgressBoard:
+    """Progress to the Prefect UI (a progress artifact) and to the terminal (the run logger)."""
+    logger = get_run_logger()
+    artifact = create_progress_artifact(0.0, description=title)
+
+    def report(fraction: float, text: str) -> None:
+        update_progress_artifact(artifact, round(100 * fraction, 1), description=f"{title}: {text}")
+        logger.info("%s: %s", title, text)
+
+    return ProgressBoard(report)
+
+
+def _reports(results: Mapping[str, NodeReport | K3DeployError], what: str) -> dict[str, NodeReport]:
+    errors = [str(r) for r in results.values() if isinstance(r, K3DeployError)]
+    if errors:
+        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
+    return dict(results)  # type: ignore[arg-type]
+
+
+@task(name="stat checkpoint", cache_policy=NO_CACHE)
+def stat_checkpoint(
+    cluster: ClusterConfig, models: ModelsConfig, checkpoint: Checkpoint, listing: Listing, nodes: list[str]
+) -> dict[str, NodeReport]:
+    """Sizes and mtimes on each node (the cache key of the verification), bytes missing, free space."""
+    transports = transports_for(cluster)
+    try:
+        body = job("stat", checkpoint.path, listing)
+        results = run_agent(transports, models.node_python, dict.fromkeys(nodes, body), timeout=300)
+    finally:
+        for t in transports.values():
+            t.close()
+    return _reports(results, f"looking at {checkpoint.role} {checkpoint.path}")
+
+
+@task(name="verify checkpoint", cache_key_fn=_verify_key, persist_result=True)
+def verify_checkpoint(
+    cluster: ClusterConfig,
+    models: ModelsConfig,
+    checkpoint: Checkpoint,
+    listing: Listing,
+    stats: dict[str, NodeReport],
+    read: tuple[str, ...] = (),
+) -> dict[str, NodeReport]:
+    """Hash on every node whatever its manifest cannot vouch for; the nodes write their manifests."""
+    transports = transports_for(cluster)
+    board = _progress_reporter(f"verifying {checkpoint.role} {checkpoint.repo}")
+    try:
+        body = job("verify", checkpoint.path, listing, threads=models.threads, read=read)
+        jobs = dict.fromkeys(stats, body)
+        results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
+    finally:
+        for t in transports.values():
+            t.close()
+    return _reports(results, f"verifying {checkpoint.role} {checkpoint.path}")
+
+
+@task(name="fetch checkpoint", cache_policy=NO_CACHE)
+def fetch_checkpoint(
+    cluster: ClusterConfig,
+    models: ModelsConfig,
+    checkpoint: Checkpoint,
+    listing: Listing,
+    wanted: dict[str, list[str]],
+    read: tuple[str, ...] = (),
+) -> dict[str, NodeReport]:
+    """Download only the missing or bad files, each node its own list, resuming what an earlier run left."""
+    urls = download_urls(models.hub, listing, checkpoint.revision, models.hub_endpoint)
+    extra: dict[str, Any] = {"headers": auth_headers(models.hub_token), "read": read}
+    jobs = {
+        node: job("fetch", checkpoint.path, listing, threads=models.threads, urls=urls, fetch=paths, **extra)
+        for node, paths in wanted.items()
+        if paths
+    }
+    transports = transports_for(cluster)
+    board = _progress_reporter(f"downloading {checkpoint.role} {checkpoint.repo}")
+    try:
+        results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
+    finally:
+        for t in transports.values():
+            t.close()
+    return _reports(results, f"downloading {checkpoint.role} {checkpoint.repo}")

@@ -1,0 +1,32 @@
+"""Deployment documents for the test bed: the reference config pointed at the bed's hosts and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.configs import site_data, with_changes
+
+
+def bed_config(bed: Any, hosts: int | list[str] = 4, **changes: Any) -> dict[str, Any]:
+    """The reference deployment on bed hosts (the first N, or those named), nic eth0, model root /srv/models."""
+    chosen = bed.hosts[:hosts] if isinstance(hosts, int) else [bed.host(name) for name in hosts]
+    data = site_data()
+    data["cluster"]["model_root"] = "/srv/models"
+    data["cluster"]["ssh"] = {
+        "user": "root",
+        "known_hosts": str(bed.known_hosts),
+        "private_key_file": str(bed.key),
+        "connect_timeout_s": 10,
+    }
+    data["cluster"]["nodes"] = [{"name": h.name, "address": h.ip, "nic": "eth0"} for h in chosen]
+    data["serve"]["data_parallel_size"] = len(chosen)
+    data["serve"]["expert_parallel_size"] = len(chosen) * data["serve"]["tensor_parallel_size"]
+    return with_changes(data, **changes)
+
+
+def write_config(path: Path, data: dict[str, Any]) -> str:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)

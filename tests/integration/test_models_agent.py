@@ -1,0 +1,62 @@
+"""The node agent against the local hub, on this machine (LocalTransport): the download paths in detail."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.models.listing import download_urls, list_huggingface, list_modelscope
+from tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
+from tasks.models.remote import job, run_agent
+from tasks.transport import LocalTransport
+from testbed.hub import HubServer
+from testbed.hub_store import publish
+
+pytestmark = [pytest.mark.models, pytest.mark.faults]
+REPO = "k3test/agent"
+BIG = "model-00001.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    rnd = random.Random(11)
+    files = {"config.json": b'{"vocab_size": 10}', "tokenizer.json": rnd.randbytes(4000), BIG: rnd.randbytes(3 << 20)}
+    publish(tmp_path / "hub", REPO, files)
+    with HubServer(tmp_path / "hub") as server:
+        yield server, files
+
+
+def fetch_all(server: HubServer, hub_name: str, root: Path):
+    lister = list_huggingface if hub_name == "huggingface" else list_modelscope
+    listing = lister(REPO, "main", server.url, None)
+    urls = download_urls(hub_name, listing, "main", server.url)
+    body = job("fetch", str(root), listing, urls=urls, fetch=[f.path for f in listing.files])
+    return listing, run_agent({"local": LocalTransport("local")}, sys.executable, {"local": body}, 60)["local"]
+
+
+@pytest.mark.parametrize("hub_name", ["huggingface", "modelscope"])
+def test_a_cut_connection_is_resumed_with_a_range_request(hub, tmp_path: Path, hub_name: str):
+    server, files = hub
+    server.faults.truncate(REPO, BIG, at=1 << 20, times=1)
+    listing, report = fetch_all(server, hub_name, tmp_path / "m")
+    assert all(c.ok for c in report.checks), report.checks
+    ranges = [r.range for r in server.requests if r.method == "GET" and BIG in r.path]
+    assert ranges[0] is None and ranges[1].startswith("bytes=") and int(ranges[1][6:-1]) >= 1 << 20
+    assert hashlib.sha256((tmp_path / "m" / BIG).read_bytes()).hexdigest() == hashlib.sha256(files[BIG]).hexdigest()
+    assert report.manifest is not None and report.manifest.commit == listing.commit
+    assert not any((tmp_path / "m" / PARTIAL_DIR).rglob("*.part"))
+
+
+def test_corrupt_bytes_from_the_hub_never_land_in_place(hub, tmp_path: Path):
+    server, _ = hub
+    server.faults.corrupt(REPO, BIG)
+    _, report = fetch_all(server, "huggingface", tmp_path / "m")
+    bad = {c.path: c.problem for c in report.checks if not c.ok}
+    assert list(bad) == [BIG] and bad[BIG].startswith("downloaded file: sha256 ")
+    assert not (tmp_path / "m" / BIG).exists()  # neither in place nor vouched for by the manifest
+    assert BIG not in (tmp_path / "m" / MANIFEST_NAME).read_text()
+    assert report.manifest is not None and report.manifest.commit == ""  # not complete at any commit

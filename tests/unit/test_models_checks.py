@@ -1,0 +1,134 @@
+"""Pure checks of the models stage: space, draft/target, quantization, tokenizer; the agent protocol."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blocks.models import DraftSpec
+from tasks.models.checks import (
+    SpaceNeed,
+    draft_findings,
+    quantization_findings,
+    space_problems,
+    tokenizer_findings,
+)
+from tasks.models.listing import Listing, RemoteFile
+from tasks.models.remote import NodeAgentError, ProgressBoard, job, parse_progress, parse_result
+from tasks.transport.base import CommandResult
+
+pytestmark = pytest.mark.models
+
+
+def listing(*files: str, checksums: dict[str, str] | None = None) -> Listing:
+    checksums = checksums or {}
+    return Listing("org/m", "c" * 40, tuple(RemoteFile(f, 10, checksums.get(f, "a" * 64), None) for f in files))
+
+
+def by_check(findings) -> dict[str, tuple[bool, str]]:
+    return {f.check: (f.ok, f.detail) for f in findings}
+
+
+def test_space_adds_up_checkpoints_on_one_filesystem_and_names_the_node():
+    needs = [
+        SpaceNeed("node0", 1, 6 * 10**9, 10 * 10**9),
+        SpaceNeed("node0", 1, 6 * 10**9, 10 * 10**9),  # target and draft share node0's disk: 12 > 10
+        SpaceNeed("node1", 1, 6 * 10**9, 10 * 10**9),
+        SpaceNeed("node1", 2, 6 * 10**9, 10 * 10**9),  # two disks on node1: each fits
+    ]
+    assert space_problems(needs) == ["node0: 12.000 GB still to download but only 10.000 GB free at the model root"]
+    assert space_problems([SpaceNeed("node0", 1, 0, 0)]) == []
+
+
+def test_tokenizer_and_processor_files_must_be_there():
+    good = by_check(
+        tokenizer_findings("target", listing("tokenizer_config.json", "tiktoken.model", "processor_config.json"))
+    )
+    assert good["tokenizer files"][0] and good["processor files"][0]
+    bad = by_check(tokenizer_findings("target", listing("tokenizer.json", "model.safetensors")))
+    assert bad["tokenizer files"] == (
+        False,
+        "needs tokenizer_config.json and one of tokenizer.json, tokenizer.model, tiktoken.model; "
+        "the checkpoint lists ['tokenizer.json']",
+    )
+    assert not bad["processor files"][0]
+
+
+def test_quantization_metadata_and_quarot_rotation_tensors():
+    plain = listing("quant_model_description.json", "model.safetensors")
+    assert by_check(quantization_findings("target", plain, '{"model_quant_type": "W4A8_DYNAMIC"}')) == {
+        "quantization metadata": (True, "quant_model_description.json: W4A8_DYNAMIC")
+    }
+    missing = by_check(quantization_findings("target", plain, None))
+    assert missing["quantization metadata"][0] is False
+    rotated = '{"model_quant_type": "W4A8_DYNAMIC", "quarot": {"rotation": "hadamard"}}'
+    lost = by_check(quantization_findings("target", plain, rotated))
+    assert lost["QuaRot rotation tensors"][0] is False and "no rotation tensors" in lost["QuaRot rotation tensors"][1]
+    kept = by_check(
+        quantization_findings("target", listing(*plain_paths(plain), "optional/quarot.safetensors"), rotated)
+    )
+    assert kept["QuaRot rotation tensors"] == (True, "1 file(s): optional/quarot.safetensors")
+    assert not by_check(quantization_findings("target", plain, "{not json"))["quantization metadata"][0]
+
+
+def plain_paths(lst: Listing) -> list[str]:
+    return [f.path for f in lst.files]
+
+
+def test_draft_must_share_tokenizer_sizes_kind_and_token_count():
+    target = listing("tokenizer.json", "tokenizer_config.json", checksums={"tokenizer.json": "1" * 64})
+    same = listing("tokenizer.json", checksums={"tokenizer.json": "1" * 64})
+    other = listing("tokenizer.json", checksums={"tokenizer.json": "2" * 64})
+    t_cfg = {"text_config": {"vocab_size": 1000, "hidden_size": 64}}
+    mla = {"vocab_size": 1000, "hidden_size": 64, "kv_lora_rank": 16}
+    spec = DraftSpec(repo="Inferact/Kimi-K3-DSpark", kind="mla", num_speculative_tokens=7)
+    ok = by_check(draft_findings(target, same, t_cfg, mla, spec))
+    assert all(v[0] for v in ok.values()) and set(ok) == {
+        "tokenizer identical to target",
+        "architecture compatible",
+        "attention kind",
+        "num_speculative_tokens fits the draft",
+    }
+    bad = by_check(draft_findings(target, other, t_cfg, {"vocab_size": 999, "hidden_size": 64}, spec))
+    assert bad["tokenizer identical to target"] == (False, "differs from the target's: tokenizer.json")
+    assert bad["architecture compatible"] == (False, "vocab_size: draft 999, target 1000")
+    assert bad["attention kind"] == (False, "config.json is gqa, configured as mla")
+    block5 = DraftSpec(repo="Inferact/Kimi-K3-DSpark-Block5", kind="mla-block5", num_speculative_tokens=7)
+    assert by_check(draft_findings(target, same, t_cfg, mla, block5))["num_speculative_tokens fits the draft"] == (
+        False,
+        "configured 7, the draft takes 5",
+    )
+
+
+def test_agent_job_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="unknown agent op"):
+        job("delete", "/m", listing("a"))
+    with pytest.raises(ValueError, match="no download URL for a"):
+        job("fetch", "/m", listing("a"), fetch=["a"])
+    body = json.loads(job("fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], headers={"X": "y"}))
+    assert body["files"][0]["url"] == "http://h/a" and body["fetch"] == ["a"]
+
+
+def test_agent_result_errors_name_the_node():
+    crashed = CommandResult("node3", "python3 -c …", 1, "", "Traceback …\nMemoryError", 0.1)
+    with pytest.raises(NodeAgentError, match=r"^node3: the models agent failed: MemoryError$"):
+        parse_result("node3", crashed)
+    said = CommandResult("node3", "python3 -c …", 1, '{"op": "fetch", "error": "PermissionError: /m"}\n', "", 0.1)
+    with pytest.raises(NodeAgentError, match=r"^node3: the models agent failed: PermissionError: /m$"):
+        parse_result("node3", said)
+    silent = CommandResult("node1", "python3 -c …", 127, "", "", 0.1)
+    with pytest.raises(NodeAgentError, match="exit 127, no output"):
+        parse_result("node1", silent)
+
+
+def test_progress_lines_are_summed_across_nodes():
+    seen = []
+    board = ProgressBoard(lambda fraction, text: seen.append((fraction, text)), every_s=3600)
+    board.on_output("node0", "stdout", 'K3PROGRESS {"done": 1, "total": 2}')  # progress is on stderr only
+    board.on_output("node0", "stderr", "some other line")
+    assert parse_progress("K3PROGRESS {broken") is None and seen == []
+    board.on_output("node0", "stderr", 'K3PROGRESS {"op": "fetch", "done": 5, "total": 10}')
+    board.on_output("node1", "stderr", 'K3PROGRESS {"op": "fetch", "done": 10, "total": 10}')
+    board.on_output("node0", "stderr", 'K3PROGRESS {"op": "fetch", "done": 10, "total": 10}')
+    assert seen[0][0] == 0.5 and seen[-1][0] == 1.0 and "node0 100%, node1 100%" in seen[-1][1]
