@@ -23,6 +23,7 @@ from pathlib import Path
 from . import hostfs, layout, netns, procs, registry, userssh
 from .hostfs import HostPaths
 from .procs import BedError
+from .standin import image as standin_image
 
 MARKER = ".k3deploy-testbed"
 ACTIVE = Path("/run/k3deploy-testbed.active")
@@ -132,12 +133,11 @@ def _up(count: int, sdir: Path, state_file: Path, user_ssh: bool, log: Log) -> l
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(start, paths))
-    log(f"hosts started in {time.monotonic() - t0:.1f}s; building image")
+    log(f"hosts started in {time.monotonic() - t0:.1f}s; publishing the stand-in image")
     registry.wait_registry(reg, sdir)
-    rootfs = registry.busybox_rootfs(sdir / "build" / "rootfs")
-    ref = f"{layout.IMAGE_REPO}:{layout.IMAGE_TAG}"
-    image_id = registry.build_image(rootfs, ref, sdir)
-    digest = registry.push_image(ref, sdir)
+    t_image = time.monotonic()
+    image = standin_image.publish(f"{layout.IMAGE_REPO}:{layout.IMAGE_TAG}", sdir)
+    log(f"image {image.ref} ({image.how}) in {time.monotonic() - t_image:.1f}s")
     for p in paths:
         ip, (sshd, podman) = layout.host_ip(p.index), daemons[p.name]
         banner = lambda ip=ip: procs.ssh_banner(ip, layout.SSH_PORT)  # noqa: E731
@@ -165,7 +165,14 @@ def _up(count: int, sdir: Path, state_file: Path, user_ssh: bool, log: Log) -> l
             "user_ssh_blocks": touched,
         },
         registry={"address": layout.REGISTRY, "pid": reg.pid, "insecure": True},
-        image={"ref": ref, "digest": digest, "ref_by_digest": f"{layout.IMAGE_REPO}@{digest}", "id": image_id},
+        image={
+            "ref": image.ref,
+            "digest": image.digest,
+            "ref_by_digest": image.ref_by_digest,
+            "id": image.id,
+            "versions": image.versions,
+            "rootfs_bytes": image.size,
+        },
         npu_sim={"bed_map": str(sdir / "npu-sim" / "bed.json"), "npus_per_host": 16},
         hosts=[_host_state(p, {"sshd": daemons[p.name][0].pid, "podman": daemons[p.name][1].pid}) for p in paths],
     )

@@ -9,10 +9,14 @@ inside the state folder, then pushed so hosts pull by tag or by digest.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
 import tarfile
+import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -119,30 +123,72 @@ def build_image(context: Path, ref: str, state_dir: Path, changes: Sequence[str]
     any other folder is taken as the image's root filesystem and imported,
     with `changes` as Dockerfile-style instructions (CMD, ENV, ENTRYPOINT, ...).
     """
-    for d in ("storage", "run", "tmp"):
-        (state_dir / "build" / d).mkdir(parents=True, exist_ok=True)
+    _builder_dirs(state_dir)
     for name in ("Containerfile", "Dockerfile"):
         if (context / name).exists():
             run([*builder(state_dir), "build", "--pull=never", "-f", str(context / name), "-t", ref, str(context)])
-            break
-    else:
-        archive = state_dir / "build" / "rootfs.tar"
-        with tarfile.open(archive, "w") as tar:
+            return _image_id(ref, state_dir)
+    fd, name = tempfile.mkstemp(prefix="rootfs-", suffix=".tar", dir=state_dir / "build")
+    archive = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
             tar.add(context, arcname=".")
-        argv = [*builder(state_dir), "import"]
-        for change in changes:
-            argv += ["--change", change]
-        run([*argv, str(archive), ref], timeout=300)
-        archive.unlink()
+        return import_archive(archive, ref, state_dir, changes)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def import_archive(archive: Path, ref: str, state_dir: Path, changes: Sequence[str] = DEFAULT_CHANGES) -> str:
+    """`podman import` a root filesystem tar as image `ref` (with Dockerfile-style `changes`); returns its id."""
+    _builder_dirs(state_dir)
+    argv = [*builder(state_dir), "import"]
+    for change in changes:
+        argv += ["--change", change]
+    run([*argv, str(archive), ref], timeout=300)
+    return _image_id(ref, state_dir)
+
+
+def _builder_dirs(state_dir: Path) -> None:
+    for d in ("storage", "run", "tmp"):
+        (state_dir / "build" / d).mkdir(parents=True, exist_ok=True)
+
+
+def _image_id(ref: str, state_dir: Path) -> str:
     image_id = run([*builder(state_dir), "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
     return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"  # as the Docker API reports it
 
 
 def push_image(ref: str, state_dir: Path) -> str:
     """Push `ref` to the bed registry (plain HTTP) and return the manifest digest."""
-    digest_file = state_dir / "build" / "digest"
-    run([*builder(state_dir), "push", "--tls-verify=false", "--digestfile", str(digest_file), ref], timeout=300)
-    digest = digest_file.read_text().strip()
+    _builder_dirs(state_dir)
+    fd, name = tempfile.mkstemp(prefix="digest-", dir=state_dir / "build")
+    os.close(fd)
+    digest_file = Path(name)
+    try:
+        run([*builder(state_dir), "push", "--tls-verify=false", "--digestfile", str(digest_file), ref], timeout=300)
+        digest = digest_file.read_text().strip()
+    finally:
+        digest_file.unlink(missing_ok=True)
     if not digest.startswith("sha256:"):
         raise BedError(f"push of {ref} gave no digest: {digest!r}")
     return digest
+
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+def has_content(repo: str, kind: str, digest: str, timeout: float = 5) -> bool:
+    """True when the bed registry answers HEAD /v2/<repo>/<kind>/<digest> (kind: manifests or blobs) with 200."""
+    url = f"http://{layout.REGISTRY}/v2/{repo}/{kind}/{digest}"
+    req = urllib.request.Request(url, method="HEAD", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
+    try:
+        with direct.open(req, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
