@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -27,6 +28,11 @@ class ImageBuild(BaseModel):
     )
     tag: Text = Field(default="vllm-ascend-kimi-k3:main", description="Tag given to the built image.")
     build_host: Text | None = Field(default=None, description="Node name to build on; defaults to node 0.")
+    push_repository: Text | None = Field(
+        default=None,
+        description="Registry repository to push the built image to (nodes then pull it by digest); "
+        "None copies it to the other nodes with save/load.",
+    )
 
 
 class RegistryAuth(BaseModel):
@@ -51,6 +57,11 @@ class ImageConfig(StrictBlock):
     allow_unpinned: bool = Field(default=False, description="Allow pulling a tag without a digest (not reproducible).")
     build: ImageBuild | None = Field(default=None, description="Build from source instead of pulling; None pulls ref.")
     registry: RegistryAuth | None = Field(default=None, description="Private registry login.")
+    pull_policy: Literal["always", "missing", "never"] = Field(
+        default="always",
+        description="always pulls; missing pulls only where the node lacks the ref; never uses what the "
+        "nodes hold (images loaded by hand). The image id is compared across nodes in every case.",
+    )
 
     @field_validator("digest")
     @classmethod

@@ -1,0 +1,71 @@
+"""What the image must contain, read from commands run inside it: pure builders and parsers."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PACKAGES = ("vllm", "vllm-ascend")
+PIP_SHOW = ["pip", "show", *PACKAGES]
+# `--help=all` lists every flag on current vLLM; older releases know only `--help`.
+SERVE_HELP = ["sh", "-c", "vllm serve --help=all 2>/dev/null || vllm serve --help"]
+KIMI = "kimi_k3"
+KIMI_FLAGS = ("--tokenizer-mode", "--reasoning-parser", "--tool-call-parser")
+
+
+@dataclass(frozen=True)
+class ImageFinding:
+    check: str
+    ok: bool
+    detail: str
+
+
+def parse_pip_show(text: str) -> dict[str, str]:
+    """`pip show a b` → {name: version}, names normalised (vllm_ascend and vllm-ascend are one)."""
+    versions = {}
+    for block in re.split(r"^---\s*$", text, flags=re.MULTILINE):
+        fields = dict(
+            (key.strip().lower(), value.strip())
+            for key, _, value in (line.partition(":") for line in block.splitlines())
+            if value
+        )
+        if "name" in fields and "version" in fields:
+            versions[normalise(fields["name"])] = fields["version"]
+    return versions
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def version_findings(versions: dict[str, str]) -> list[ImageFinding]:
+    return [
+        ImageFinding(
+            f"{name} installed", name in versions, versions.get(name, "not installed (pip show found no such package)")
+        )
+        for name in PACKAGES
+    ]
+
+
+def _flag_help(text: str, flag: str) -> str | None:
+    """The help paragraph of one flag: from its line to the next line that starts another flag."""
+    match = re.search(rf"^\s*{re.escape(flag)}[\s=,{{]", text, flags=re.MULTILINE)
+    if match is None:
+        return None
+    rest = text[match.start() :]
+    following = re.search(r"^\s*--[a-z]", rest[len(flag) + 2 :], flags=re.MULTILINE)
+    return rest if following is None else rest[: following.start() + len(flag) + 2]
+
+
+def kimi_findings(help_text: str) -> list[ImageFinding]:
+    """The Kimi-K3 tokenizer mode and parsers the seed's `vllm serve` line needs."""
+    out = []
+    for flag in KIMI_FLAGS:
+        paragraph = _flag_help(help_text, flag)
+        if paragraph is None:
+            out.append(ImageFinding(f"{flag} {KIMI}", False, f"`vllm serve --help` has no {flag}"))
+        else:
+            ok = re.search(rf"\b{KIMI}\b", paragraph) is not None
+            first = paragraph.strip().splitlines()[0][:160]
+            out.append(ImageFinding(f"{flag} {KIMI}", ok, first if ok else f"{KIMI} is not among: {first}"))
+    return out

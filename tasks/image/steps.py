@@ -1,0 +1,165 @@
+"""Prefect tasks of the image stage: thin wrappers over the engine operations, the build and the probes."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import docker
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from blocks.cluster import ClusterConfig
+from blocks.image import ImageConfig
+from k3deploy.errors import K3DeployError
+from tasks.image import build as building
+from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
+from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
+from tasks.transport import SSHTransport, docker_client
+from tasks.transport.factory import transports_for
+
+T = TypeVar("T")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass
+class ImageRecord:
+    """What the stage establishes: the image every node runs and where it came from."""
+
+    ref: str
+    image_id: str = ""
+    digest: str | None = None
+    source_revision: str | None = None
+    vllm_commit: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)  # node → image id
+    findings: list[ImageFinding] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def engines(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
+    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
+    transports = transports_for(cluster)
+    clients: dict[str, docker.DockerClient] = {}
+    try:
+        for name, transport in transports.items():
+            clients[name] = (
+                docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
+            )
+        yield clients
+    finally:
+        for client in clients.values():
+            with contextlib.suppress(Exception):
+                client.close()
+        for transport in transports.values():
+            transport.close()
+
+
+def on_every_node(clients: Mapping[str, docker.DockerClient], fn: Callable[[str, Any], T]) -> dict[str, T]:
+    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
+    with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
+        futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
+    results, errors = {}, []
+    for node, future in futures.items():
+        try:
+            results[node] = future.result()
+        except K3DeployError as err:
+            errors.append(str(err))
+    if errors:
+        raise K3DeployError(f"the image stage failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
+    return results
+
+
+@task(name="pull image", cache_policy=NO_CACHE)
+def pull_image(cluster: ClusterConfig, image: ImageConfig) -> dict[str, NodeImage]:
+    """Pull the pinned reference on every node in parallel (or, by pull_policy, use what is there)."""
+    logger = get_run_logger()
+    ref = image.pinned_ref
+
+    def one(node: str, client: docker.DockerClient) -> NodeImage:
+        if image.pull_policy != "always":
+            with contextlib.suppress(ImageError):
+                return inspect(client, node, ref)
+            if image.pull_policy == "never":
+                raise ImageError(node, f"no image {ref} on the node, and image.pull_policy is never")
+        held = pull(client, node, ref, image.registry)
+        logger.info("%s: %s is image %s", node, ref, held.id[:19])
+        return held
+
+    with engines(cluster) as clients:
+        return on_every_node(clients, one)
+
+
+@task(name="build image", cache_policy=NO_CACHE)
+def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, NodeImage], str, str, str | None]:
+    """Build on the build host, then copy the image to the others; (images, source rev, VLLM_COMMIT, digest)."""
+    assert image.build is not None
+    build = image.build
+    logger = get_run_logger()
+    host = build.build_host or cluster.nodes[0].name
+    transports = transports_for(cluster)
+    builder = transports[host]
+
+    def show(node: str, stream: str, line: str) -> None:
+        logger.info("%s build: %s", node, line)
+
+    try:
+        checkout = builder.run(building.checkout_command(build), timeout=1800).check()
+        source, vllm_commit = building.parse_checkout(checkout.stdout)
+        logger.info("%s: vllm-ascend %s at %s, VLLM_COMMIT %s", host, build.repo_url, source, vllm_commit)
+        builder.run(building.build_command(build, vllm_commit, source), timeout=4 * 3600, on_output=show).check()
+        digest = None
+        if build.push_repository:
+            pushed = builder.run(building.push_commands(build.tag, build.push_repository), timeout=3600).check()
+            found = DIGEST.findall(pushed.stdout + pushed.stderr)
+            if not found:
+                raise ImageError(host, f"pushed {build.tag} to {build.push_repository} but the engine named no digest")
+            digest = found[-1]
+        builder.run(building.cleanup_command(build), timeout=600)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    with engines(cluster) as clients:
+        built = inspect(clients[host], host, build.tag)
+        others = {n: c for n, c in clients.items() if n != host}
+        if digest is not None:
+            pinned = f"{build.push_repository}@{digest}"
+            copies = on_every_node(others, lambda node, client: pull(client, node, pinned, image.registry))
+        else:
+            copies = on_every_node(others, lambda node, client: _copy(clients[host], client, node, build.tag))
+    return {host: built, **copies}, source, vllm_commit, digest
+
+
+def _copy(source: docker.DockerClient, target: docker.DockerClient, node: str, tag: str) -> NodeImage:
+    """docker save on the build host streamed into docker load on the node, through this machine."""
+    try:
+        target.images.load(source.api.get_image(tag))
+    except docker.errors.APIError as err:
+        raise ImageError(node, f"loading {tag} from the build host failed: {err.explanation or err}") from None
+    return inspect(target, node, tag)
+
+
+def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
+    return f"probe-image-{parameters['image_id']}"  # what is inside an image id never changes
+
+
+@task(name="probe image", cache_key_fn=_probe_key, persist_result=True)
+def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[ImageFinding]]:
+    """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0."""
+    node = cluster.nodes[0].name
+    with engines(cluster) as clients:
+        client = clients[node]
+        _, shown = run_in_image(client, node, image_id, PIP_SHOW)
+        code, help_text = run_in_image(client, node, image_id, SERVE_HELP)
+    versions = parse_pip_show(shown)
+    findings = version_findings(versions)
+    if code != 0:
+        findings.append(ImageFinding("vllm serve --help", False, f"exit {code}: {help_text.strip()[-200:]}"))
+    else:
+        findings += kimi_findings(help_text)
+    return versions, findings

@@ -1,0 +1,142 @@
+"""The image flow on the test bed: real Podman engines behind the Docker API over SSH, the bed registry.
+
+The bed's image is the vLLM stand-in (testbed/standin): `pip show` and `vllm serve --help` inside it
+answer like the real ones, so the probes run for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import shlex
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.image import ImageStageFailed, image
+from k3deploy.errors import K3DeployError
+from tasks.transport import SSHTransport, docker_client
+from tests.bedconfig import bed_config, write_config
+
+pytestmark = [pytest.mark.image, pytest.mark.testbed, pytest.mark.prefect]
+LOADED = "k3test/loaded:1"
+
+
+@pytest.fixture
+def engines(testbed) -> Iterator[dict[str, Any]]:
+    transports = {
+        h.name: SSHTransport(h.ip, name=h.name, private_key_file=testbed.key, known_hosts=testbed.known_hosts)
+        for h in testbed.hosts[:4]
+    }
+    clients = {name: docker_client(t) for name, t in transports.items()}
+    yield {"transports": transports, "clients": clients}
+    for name, client in clients.items():
+        for ref in (LOADED, "k3test/built:1"):
+            with contextlib.suppress(Exception):
+                client.images.remove(ref, force=True)
+        client.close()
+        transports[name].close()
+
+
+def run_image(tmp_path: Path, bed, **changes: Any) -> dict[str, Any]:
+    data = bed_config(bed, **changes)
+    return image(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data))
+
+
+def pinned(bed) -> dict[str, Any]:
+    repository = bed.image_ref_by_digest.split("@")[0]
+    return {"image__ref": f"{repository}:1", "image__digest": bed.image_digest}
+
+
+def test_pinned_image_is_pulled_everywhere_and_probed(prefect_server, testbed, engines, tmp_path):
+    record = run_image(tmp_path, testbed, **pinned(testbed))
+    assert record["verdict"] == "pass" and record["digest"] == testbed.image_digest
+    assert set(record["nodes"]) == {"node0", "node1", "node2", "node3"}
+    assert set(record["nodes"].values()) == {record["image_id"]}
+    assert set(record["versions"]) == {"vllm", "vllm-ascend"} and all(record["versions"].values())
+    checks = {f["check"]: f["ok"] for f in record["findings"]}
+    assert checks == {
+        "vllm installed": True,
+        "vllm-ascend installed": True,
+        "--tokenizer-mode kimi_k3": True,
+        "--reasoning-parser kimi_k3": True,
+        "--tool-call-parser kimi_k3": True,
+    }
+    left = engines["clients"]["node0"].containers.list(all=True, filters={"label": "k3deploy.probe"})
+    assert left == []  # the probe containers are gone
+
+
+def test_missing_image_fails_naming_every_node_and_the_registry_answer(prefect_server, testbed, tmp_path):
+    absent = "sha256:" + "0" * 64
+    with pytest.raises(K3DeployError) as failed:
+        run_image(tmp_path, testbed, **(pinned(testbed) | {"image__digest": absent}))
+    message = str(failed.value)
+    assert "failed on 4 node(s)" in message
+    for node in ("node0", "node1", "node2", "node3"):
+        assert f"{node}: pulling {pinned(testbed)['image__ref']}@{absent} failed: " in message
+
+
+def _build(client, tag: str, dockerfile: str) -> str:
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    built, _ = client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True)
+    return built.id
+
+
+def test_an_image_different_on_the_fourth_node_is_caught(prefect_server, testbed, engines, tmp_path):
+    clients = engines["clients"]
+    for name in ("node0", "node1", "node2"):
+        clients[name].images.pull(testbed.image_ref_by_digest.split("@")[0], tag=testbed.image_digest)
+        clients[name].images.get(testbed.image_ref_by_digest).tag(*LOADED.split(":"))
+    other = _build(clients["node3"], LOADED, f"FROM {testbed.image_ref_by_digest}\nRUN echo patched > /patched\n")
+    with pytest.raises(ImageStageFailed) as failed:
+        run_image(
+            tmp_path,
+            testbed,
+            image__ref=LOADED,
+            image__digest=None,
+            image__allow_unpinned=True,
+            image__pull_policy="never",
+        )
+    message = str(failed.value)
+    assert f"node3: holds image {other[:19]} for {LOADED}; node0, node1, node2 hold " in message
+    assert not any(f"{n}: holds" in message for n in ("node0", "node1", "node2"))
+
+
+def test_image_built_from_a_vllm_ascend_revision_reaches_every_node(prefect_server, testbed, engines, tmp_path):
+    node0 = engines["transports"]["node0"]
+    src = "/srv/src/vllm-ascend"
+    vllm_commit = "0123456789abcdef0123456789abcdef01234567"
+    dockerfile = f"FROM {testbed.image_ref_by_digest}\\nARG VLLM_COMMIT\\nRUN echo $VLLM_COMMIT > /vllm-commit\\n"
+    script = " && ".join(
+        [
+            f"rm -rf {src} && mkdir -p {src}/.github && cd {src} && git init -q",
+            f"printf {shlex.quote(dockerfile)} > Dockerfile.a3",
+            f"echo {vllm_commit} > .github/vllm-main-verified.commit",
+            "git add -A && git -c user.name=k3 -c user.email=k3@test commit -qm v1 && git tag v1",
+            "git rev-parse HEAD",
+        ]
+    )
+    source = node0.run(script, 60).check().stdout.strip()
+    try:
+        build = {"repo_url": src, "revision": "v1", "tag": "k3test/built:1"}
+        record = run_image(tmp_path, testbed, image__build=build)
+    finally:
+        node0.run(f"rm -rf {src}", 30)
+    assert (record["source_revision"], record["vllm_commit"]) == (source, vllm_commit)
+    assert set(record["nodes"]) == {"node0", "node1", "node2", "node3"}
+    assert set(record["nodes"].values()) == {record["image_id"]}  # save/load gave every node the same id
+    inside = engines["clients"]["node3"].containers.run(
+        "k3test/built:1", ["cat", "/vllm-commit"], entrypoint=[], remove=True
+    )
+    assert inside.decode().strip() == vllm_commit  # the build argument came from the checkout's file
+    assert node0.run("ls /var/tmp/k3deploy-build", 30).stdout.strip() == ""  # the checkout was cleaned up

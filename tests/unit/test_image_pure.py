@@ -1,0 +1,109 @@
+"""The image stage's pure parts: references, the probes' parsers, agreement, the build commands."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from blocks.image import ImageBuild
+from tasks.image import build
+from tasks.image.agreement import image_problems
+from tasks.image.engine import NodeImage, split_ref
+from tasks.image.probe import kimi_findings, parse_pip_show, version_findings
+
+pytestmark = pytest.mark.image
+
+PIP_SHOW = """\
+Name: vllm
+Version: 0.11.0rc3+empty
+Summary: A high-throughput and memory-efficient inference and serving engine for LLMs
+Home-page: https://github.com/vllm-project/vllm
+Author: vLLM Team
+Author-email:
+License-Expression: Apache-2.0
+Location: /usr/local/python3.11.13/lib/python3.11/site-packages
+Editable project location: /vllm-workspace/vllm
+Requires: aiohttp, blake3, cachetools
+Required-by: vllm_ascend
+---
+Name: vllm_ascend
+Version: 0.11.0rc3
+Summary: vLLM Ascend backend plugin
+Location: /usr/local/python3.11.13/lib/python3.11/site-packages
+Requires:
+Required-by:
+"""
+
+HELP = """\
+usage: vllm serve [model_tag] [options]
+
+options:
+  --tokenizer-mode {auto,custom,hf,kimi_k3,mistral,slow}, --tokenizer_mode {auto,custom,hf,kimi_k3,mistral,slow}
+                        Tokenizer mode:
+                        - "auto" will use the fast tokenizer if available.
+  --reasoning-parser {deepseek_r1,glm45,kimi_k3,qwen3}
+                        Select the reasoning parser depending on the model
+                        that you're using.
+  --tool-call-parser {deepseek_v3,hermes,llama3_json,mistral}
+                        Select the tool call parser depending on the model
+                        that you're using. kimi_k2 is also known.
+  --enable-auto-tool-choice
+"""
+
+
+def test_pip_show_versions_with_names_normalised():
+    versions = parse_pip_show(PIP_SHOW)
+    assert versions == {"vllm": "0.11.0rc3+empty", "vllm-ascend": "0.11.0rc3"}
+    assert all(f.ok for f in version_findings(versions))
+    missing = version_findings(parse_pip_show(PIP_SHOW.split("---")[0]))
+    assert [(f.check, f.ok) for f in missing] == [("vllm installed", True), ("vllm-ascend installed", False)]
+
+
+def test_kimi_support_is_read_per_flag():
+    found = {f.check: f for f in kimi_findings(HELP)}
+    assert found["--tokenizer-mode kimi_k3"].ok and found["--reasoning-parser kimi_k3"].ok
+    parser = found["--tool-call-parser kimi_k3"]
+    assert not parser.ok and parser.detail.startswith("kimi_k3 is not among: --tool-call-parser {deepseek_v3")
+    assert not any(f.ok for f in kimi_findings("usage: vllm serve\n  --model MODEL\n"))
+
+
+@pytest.mark.parametrize(
+    ("ref", "parts"),
+    [
+        ("quay.io/ascend/vllm-ascend:nightly-main-a3", ("quay.io/ascend/vllm-ascend", "nightly-main-a3", None)),
+        ("10.0.0.1:5000/org/img@sha256:" + "a" * 64, ("10.0.0.1:5000/org/img", None, "sha256:" + "a" * 64)),
+        ("10.0.0.1:5000/org/img", ("10.0.0.1:5000/org/img", None, None)),
+        ("img:1@sha256:" + "b" * 64, ("img", "1", "sha256:" + "b" * 64)),
+    ],
+)
+def test_references_split_without_mistaking_a_port_for_a_tag(ref, parts):
+    assert split_ref(ref) == parts
+
+
+def test_the_odd_node_and_a_wrong_digest_are_named():
+    good = "sha256:" + "1" * 64
+    digest = "sha256:" + "d" * 64
+    held = {f"node{i}": NodeImage(f"node{i}", "reg/img:1", good, (f"reg/img@{digest}",)) for i in range(3)} | {
+        "node3": NodeImage("node3", "reg/img:1", "sha256:" + "2" * 64, ("reg/img@sha256:" + "e" * 64,))
+    }
+    problems = image_problems(held, digest)
+    assert problems == [
+        "node3: holds image sha256:222222222222 for reg/img:1; node0, node1, node2 hold sha256:111111111111",
+        f"node3: reg/img:1 is at sha256:{'e' * 64}, not the pinned {digest}",
+    ]
+    assert image_problems({k: v for k, v in held.items() if k != "node3"}, digest) == []
+
+
+def test_build_commands_are_quoted_and_the_checkout_is_parsed():
+    spec = ImageBuild(repo_url="https://example.com/v a.git", revision="v0.11.0rc3; rm -rf /", tag="x/y:1")
+    command = build.checkout_command(spec)
+    assert "'v0.11.0rc3; rm -rf /'" in command and "'https://example.com/v a.git'" in command
+    argv = build.build_command(spec, "abc1234", "f" * 40)
+    assert argv[-1] == build.work_dir(spec) and "VLLM_COMMIT=abc1234" in argv
+    assert shlex.split(shlex.join(argv)) == argv
+    assert build.parse_checkout(f"source_revision={'f' * 40}\nvllm_commit=v0.11.0\n") == ("f" * 40, "v0.11.0")
+    with pytest.raises(ValueError, match="VLLM_COMMIT file holds ''"):
+        build.parse_checkout(f"source_revision={'f' * 40}\nvllm_commit=\n")
+    with pytest.raises(ValueError, match="no commit"):
+        build.parse_checkout("vllm_commit=abc\n")
