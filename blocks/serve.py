@@ -70,6 +70,21 @@ class ContainerSettings(BaseModel):
     )
 
 
+class ReadinessSettings(BaseModel):
+    """When launch calls the service ready, and how long it waits (seed: up to 2 h to load and compile)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(
+        default=7500, gt=0, description="Give up on start-up after this long (above VLLM_ENGINE_READY_TIMEOUT_S)."
+    )
+    poll_s: float = Field(default=5, gt=0, description="Seconds between readiness probes of node 0.")
+    request_timeout_s: float = Field(default=120, gt=0, description="Each probe request must answer within this.")
+    burst_requests: int | None = Field(
+        default=None, ge=1, description="Concurrent requests that must all answer; None means 4 × DP size."
+    )
+
+
 class ServeConfig(StrictBlock):
     """The vLLM-Ascend server on every node."""
 
@@ -108,4 +123,7 @@ class ServeConfig(StrictBlock):
     )
     container: ContainerSettings = Field(
         default_factory=ContainerSettings, description="Container name, devices, mounts, shm."
+    )
+    readiness: ReadinessSettings = Field(
+        default_factory=ReadinessSettings, description="When the service counts as ready, how long to wait."
     )

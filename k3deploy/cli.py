@@ -54,7 +54,7 @@ def config_reference() -> None:
 
 
 def _not_yet(stage: str) -> None:
-    typer.echo(f"k3deploy {stage}: not yet available; only `k3deploy plan` works in this version.", err=True)
+    typer.echo(f"k3deploy {stage}: not yet available; `k3deploy rerun -c CONFIG STAGE` runs one stage.", err=True)
     raise typer.Exit(code=2)
 
 
@@ -65,7 +65,12 @@ def run(config: ConfigPath) -> None:
 
 
 # Stages that can run on their own so far: name → "module:flow".
-STAGE_FLOWS = {"models": "flows.models:models"}
+STAGE_FLOWS = {
+    "models": "flows.models:models",
+    "image": "flows.image:image",
+    "launch": "flows.launch:launch",
+    "teardown": "flows.teardown:teardown",
+}
 
 
 @app.command()
@@ -77,6 +82,10 @@ def rerun(
     if stage not in STAGE_FLOWS:
         typer.echo(f"k3deploy rerun: stage {stage!r} is not available; available: {', '.join(STAGE_FLOWS)}", err=True)
         raise typer.Exit(code=2)
+    _run_stage(stage, config)
+
+
+def _run_stage(stage: str, config: Path) -> None:
     import importlib
 
     module, name = STAGE_FLOWS[stage].split(":")
@@ -84,15 +93,15 @@ def rerun(
     try:
         record = flow(config=str(config))
     except K3DeployError as err:
-        typer.echo(f"k3deploy rerun {stage}: {err}", err=True)
+        typer.echo(f"k3deploy {stage}: {err}", err=True)
         raise typer.Exit(code=1) from None
     typer.echo(json.dumps(record, indent=1))
 
 
 @app.command()
 def teardown(config: ConfigPath) -> None:
-    """Stop and remove every container a run started (not yet available)."""
-    _not_yet("teardown")
+    """Stop and remove this config's containers on every node, and prove none is left; safe to repeat."""
+    _run_stage("teardown", config)
 
 
 @app.command()

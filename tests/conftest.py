@@ -14,13 +14,15 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
         temporary_settings,
     )
     from prefect.testing.utilities import prefect_test_harness
 
     storage = tmp_path_factory.mktemp("prefect-results")
+    quiet = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_SERVER_ANALYTICS_ENABLED: False}
     with (
-        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_LOCAL_STORAGE_PATH: storage}),
+        temporary_settings({**quiet, PREFECT_LOCAL_STORAGE_PATH: storage}),
         prefect_test_harness(server_startup_timeout=120),
     ):
         yield storage

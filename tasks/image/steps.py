@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -20,8 +20,7 @@ from k3deploy.errors import K3DeployError
 from tasks.image import build as building
 from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
-from tasks.transport import SSHTransport, docker_client
-from tasks.transport.factory import transports_for
+from tasks.transport.factory import docker_clients, transports_for
 
 T = TypeVar("T")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -39,25 +38,6 @@ class ImageRecord:
     versions: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # node → image id
     findings: list[ImageFinding] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def engines(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
-    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
-    transports = transports_for(cluster)
-    clients: dict[str, docker.DockerClient] = {}
-    try:
-        for name, transport in transports.items():
-            clients[name] = (
-                docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
-            )
-        yield clients
-    finally:
-        for client in clients.values():
-            with contextlib.suppress(Exception):
-                client.close()
-        for transport in transports.values():
-            transport.close()
 
 
 def on_every_node(clients: Mapping[str, docker.DockerClient], fn: Callable[[str, Any], T]) -> dict[str, T]:
@@ -91,7 +71,7 @@ def pull_image(cluster: ClusterConfig, image: ImageConfig) -> dict[str, NodeImag
         logger.info("%s: %s is image %s", node, ref, held.id[:19])
         return held
 
-    with engines(cluster) as clients:
+    with docker_clients(cluster) as clients:
         return on_every_node(clients, one)
 
 
@@ -124,7 +104,7 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
     finally:
         for transport in transports.values():
             transport.close()
-    with engines(cluster) as clients:
+    with docker_clients(cluster) as clients:
         built = inspect(clients[host], host, build.tag)
         others = {n: c for n, c in clients.items() if n != host}
         if digest is not None:
@@ -152,7 +132,7 @@ def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
 def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[ImageFinding]]:
     """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0."""
     node = cluster.nodes[0].name
-    with engines(cluster) as clients:
+    with docker_clients(cluster) as clients:
         client = clients[node]
         _, shown = run_in_image(client, node, image_id, PIP_SHOW)
         code, help_text = run_in_image(client, node, image_id, SERVE_HELP)

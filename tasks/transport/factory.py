@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import docker
+
 from blocks.cluster import ClusterConfig
 from tasks.transport.base import Transport
+from tasks.transport.docker_api import docker_client
 from tasks.transport.local import LocalTransport
 from tasks.transport.ssh import SSHTransport
 
@@ -27,3 +33,22 @@ def transports_for(cluster: ClusterConfig) -> dict[str, Transport]:
         )
         for node in cluster.nodes
     }
+
+
+@contextlib.contextmanager
+def docker_clients(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
+    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
+    transports = transports_for(cluster)
+    clients: dict[str, docker.DockerClient] = {}
+    try:
+        for name, transport in transports.items():
+            clients[name] = (
+                docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
+            )
+        yield clients
+    finally:
+        for client in clients.values():
+            with contextlib.suppress(Exception):
+                client.close()
+        for transport in transports.values():
+            transport.close()

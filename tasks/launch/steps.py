@@ -1,0 +1,134 @@
+"""Prefect tasks of the launch and teardown stages: thin wrappers over containers, monitor and readiness."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError
+from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started, labelled, remove_labelled, start_or_adopt
+from tasks.launch.logwatch import LogWatcher, load_patterns
+from tasks.launch.monitor import Failure, LaunchMonitor
+from tasks.launch.readiness import Probe, burst, probe
+from tasks.render import Plan
+from tasks.transport.factory import docker_clients
+
+
+class LaunchFailed(K3DeployError):
+    """The service did not come up: a fatal line, a container exit, or the ready timeout."""
+
+    def __init__(self, message: str, failure: Failure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def runs_dir() -> Path:
+    """Where per-run files (container logs) go: $K3DEPLOY_RUNS_DIR, else ./runs."""
+    return Path(os.environ.get("K3DEPLOY_RUNS_DIR", "runs"))
+
+
+@dataclass
+class LaunchRecord:
+    run_id: str
+    started: dict[str, bool] = field(default_factory=dict)  # node → adopted
+    time_to_ready_s: float | None = None
+    milestones: list[dict[str, Any]] = field(default_factory=list)
+    log_files: dict[str, str] = field(default_factory=dict)
+    burst_requests: int = 0
+
+
+@task(name="start containers", cache_policy=NO_CACHE)
+def start_containers(cfg: DeploymentConfig, plan: Plan) -> dict[str, Started]:
+    """Node 0 first, then the headless ranks in order, each exactly as the plan shows it."""
+    logger = get_run_logger()
+    started: dict[str, Started] = {}
+    with docker_clients(cfg.cluster) as clients:
+        for node_plan in plan.nodes:
+            done = start_or_adopt(clients[node_plan.node], node_plan.node, node_plan.container)
+            started[node_plan.node] = done
+            verb = "adopted running" if done.adopted else "started"
+            logger.info("%s: %s %s (DP rank %d)", node_plan.node, verb, done.container_id[:12], node_plan.dp_rank)
+    return started
+
+
+@task(name="wait until ready", cache_policy=NO_CACHE)
+def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Started], run_id: str) -> LaunchRecord:
+    """Follow every container until node 0 answers real requests; fail at the first fatal line or exit."""
+    logger = get_run_logger()
+    ready = cfg.serve.readiness
+    record = LaunchRecord(run_id, {n: s.adopted for n, s in started.items()})
+    watcher = LogWatcher(load_patterns())
+    monitor = LaunchMonitor(watcher, runs_dir() / run_id / "logs")
+    base_url = f"http://{cfg.cluster.nodes[0].address}:{cfg.serve.service_port}"
+    t0 = time.monotonic()
+    deadline = t0 + ready.timeout_s
+    last: Probe | None = None
+    with docker_clients(cfg.cluster) as clients:
+        for node_plan in plan.nodes:
+            monitor.follow(
+                node_plan.node, node_plan.dp_rank, clients[node_plan.node], started[node_plan.node].container_id
+            )
+        try:
+            while True:
+                if monitor.failed.is_set():
+                    assert monitor.failure is not None
+                    raise LaunchFailed(monitor.failure.describe(), monitor.failure)
+                result = probe(base_url, cfg.serve.served_model_name, ready.request_timeout_s)
+                if result.ready:
+                    break
+                if result != last:
+                    logger.info("not ready yet: %s", result.detail)
+                    last = result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LaunchFailed(
+                        f"not ready after {ready.timeout_s:g}s; the last probe: {result.detail}; "
+                        f"milestones seen: {watcher.milestones()}"
+                    )
+                monitor.failed.wait(min(ready.poll_s, remaining))  # wakes at once on a failure
+            record.time_to_ready_s = round(time.monotonic() - t0, 3)
+            count = ready.burst_requests or 4 * cfg.serve.data_parallel_size
+            failures = burst(base_url, cfg.serve.served_model_name, count, ready.request_timeout_s)
+            if failures:
+                raise LaunchFailed(
+                    f"{len(failures)} of {count} concurrent requests failed: a DP rank is not serving; "
+                    + "; ".join(failures[:5])
+                )
+            if monitor.failed.is_set():
+                raise LaunchFailed(monitor.failure.describe(), monitor.failure)  # type: ignore[union-attr]
+            record.burst_requests = count
+            logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
+        finally:
+            monitor.stop()
+            record.milestones = watcher.milestone_rows(t0)
+            record.log_files = {node: str(monitor.log_dir / f"{node}.log") for node in monitor.buffers}
+    return record
+
+
+def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
+    """Stop and remove this config's containers (of one run, when given) on every node; then prove none is left."""
+    labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
+    with docker_clients(cfg.cluster) as clients, ThreadPoolExecutor(max_workers=len(clients)) as pool:
+        futures = {node: pool.submit(remove_labelled, client, node, labels) for node, client in clients.items()}
+        removed = {node: future.result() for node, future in futures.items()}
+        left = {node: [c.name for c in labelled(client, labels)] for node, client in clients.items()}
+    still = {node: names for node, names in left.items() if names}
+    if still:
+        raise K3DeployError(f"teardown left containers behind: {still}")
+    return removed
+
+
+@task(name="remove containers", cache_policy=NO_CACHE)
+def remove_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
+    removed = remove_run_containers(cfg, run_id)
+    get_run_logger().info("removed: %s", {n: names for n, names in removed.items() if names} or "nothing")
+    return removed

@@ -1,0 +1,163 @@
+"""Launch and teardown on the test bed: four Podman engines over SSH running the vLLM stand-in.
+
+Faults go to one node only through the stand-in's control file, which sits in that host's private
+model root (mounted into its container): the other nodes have no such file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blocks.serve import SEED_ENV
+from flows.launch import launch
+from flows.teardown import teardown
+from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
+from tasks.launch.steps import LaunchFailed
+from tasks.transport import SSHTransport, docker_client
+from tests.bedconfig import bed_config, write_config
+
+pytestmark = [pytest.mark.launch, pytest.mark.testbed, pytest.mark.prefect]
+CONTROL = "/srv/models/k3sim-control.json"
+NAME = "vllm-kimi-k3"
+
+
+@pytest.fixture(autouse=True)
+def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("K3DEPLOY_RUNS_DIR", str(tmp_path / "runs"))  # container logs stay in the test's folder
+
+
+@pytest.fixture
+def bed_nodes(testbed) -> Iterator[dict[str, Any]]:
+    transports = {
+        h.name: SSHTransport(h.ip, name=h.name, private_key_file=testbed.key, known_hosts=testbed.known_hosts)
+        for h in testbed.hosts[:4]
+    }
+    clients = {name: docker_client(t) for name, t in transports.items()}
+    for t in transports.values():
+        t.run(f"rm -f {CONTROL}", 30).check()
+    yield {"transports": transports, "clients": clients}
+    for name, client in clients.items():
+        for container in client.containers.list(all=True, filters={"name": NAME}):
+            container.remove(force=True)
+        transports[name].run(f"rm -f {CONTROL}", 30)
+        client.close()
+        transports[name].close()
+
+
+def launch_config(bed, tmp_path: Path, startup_s: float = 0.5, **changes: Any) -> str:
+    repository = bed.image_ref_by_digest.split("@")[0]
+    data = bed_config(bed, image__ref=f"{repository}:1", image__digest=bed.image_digest, **changes)
+    data["serve"]["env"] = {
+        **SEED_ENV,
+        "K3SIM_CHECK_MODEL": "0",
+        "K3SIM_STARTUP_S": str(startup_s),
+        "K3SIM_CONTROL_FILE": CONTROL,
+    }
+    data["serve"]["readiness"] = {"timeout_s": 120, "poll_s": 0.5, "request_timeout_s": 10}
+    return write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data)
+
+
+def control(bed_nodes, node: str, **settings: Any) -> None:
+    text = json.dumps({k: str(v) for k, v in settings.items()})
+    bed_nodes["transports"][node].run(f"printf %s {shlex.quote(text)} > {CONTROL}", 30).check()
+
+
+def ours(bed_nodes) -> dict[str, list[str]]:
+    """Containers carrying a k3deploy config label, per node."""
+    return {
+        n: [c.name for c in cl.containers.list(all=True, filters={"label": CONFIG_LABEL})]
+        for n, cl in bed_nodes["clients"].items()
+    }
+
+
+def test_four_containers_start_in_order_become_ready_and_teardown_twice_is_harmless(
+    prefect_server, testbed, bed_nodes, tmp_path
+):
+    config = launch_config(testbed, tmp_path)
+    record = launch(config=config)
+
+    assert record["time_to_ready_s"] is not None and record["burst_requests"] == 16
+    clients = bed_nodes["clients"]
+    containers = {n: clients[n].containers.get(NAME) for n in clients}
+    assert {c.labels[RUN_LABEL] for c in containers.values()} == {record["run_id"]}
+    started = [containers[n].attrs["State"]["StartedAt"] for n in ("node0", "node1", "node2", "node3")]
+    assert started == sorted(started)  # node 0 first, then ranks 1..3
+    seen = {(row["node"], row["milestone"]) for row in record["milestones"]}
+    assert ("node0", "startup_complete") in seen and all((n, "kv_cache") in seen for n in containers)
+    assert "Application startup complete." in Path(record["log_files"]["node0"]).read_text()
+
+    # Launching again with the same config adopts the running containers: never two servers per node.
+    again = launch(config=config)
+    assert again["started"] == dict.fromkeys(containers, True)
+
+    first = teardown(config=config)
+    assert first == {n: [NAME] for n in containers}
+    assert teardown(config=config) == {n: [] for n in containers}
+    assert not any(ours(bed_nodes).values())
+
+
+def test_fatal_line_in_one_worker_fails_the_launch_naming_it_and_nothing_is_left(
+    prefect_server, testbed, bed_nodes, tmp_path
+):
+    line = "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB"
+    control(bed_nodes, "node2", K3SIM_FATAL_LINE=line, K3SIM_FATAL_AFTER_S=1, K3SIM_FATAL_KEEP_RUNNING=1)
+    with pytest.raises(LaunchFailed) as failed:
+        launch(config=launch_config(testbed, tmp_path, startup_s=600))  # it would never be ready
+    failure = failed.value.failure
+    assert failure is not None and (failure.node, failure.rank) == ("node2", 2)
+    assert failure.line == line and "fatal log line" in failure.reason
+    assert failure.emitted_at is not None and failure.seen_at >= failure.emitted_at
+    assert not any(ours(bed_nodes).values())  # the failure hook removed all four
+
+
+def test_worker_exiting_early_is_caught_whatever_its_exit_code(prefect_server, testbed, bed_nodes, tmp_path):
+    control(bed_nodes, "node3", K3SIM_DIE_AFTER_S=1, K3SIM_DIE_EXIT_CODE=0)
+    with pytest.raises(LaunchFailed) as failed:
+        launch(config=launch_config(testbed, tmp_path, startup_s=600))
+    assert str(failed.value).startswith("node3 (DP rank 3): the container exited (status 0) during launch")
+    assert not any(ours(bed_nodes).values())
+
+
+def test_a_container_that_is_not_ours_is_refused_and_left_alone(prefect_server, testbed, bed_nodes, tmp_path):
+    foreign = bed_nodes["clients"]["node1"].containers.run(
+        testbed.image_ref_by_digest, ["sleep", "600"], name=NAME, detach=True, entrypoint=[]
+    )
+    with pytest.raises(
+        Exception, match=r"node1: a container named vllm-kimi-k3 is already there \(running, not started"
+    ):
+        launch(config=launch_config(testbed, tmp_path))
+    assert not any(ours(bed_nodes).values())  # node 0's, started first, was removed
+    foreign.reload()
+    assert foreign.status == "running"  # someone else's container is never touched
+
+
+def test_a_crashed_launch_process_leaves_no_container(prefect_server, testbed, bed_nodes, tmp_path):
+    """SIGTERM to the process running the flow (as a worker shutting down): the crash hook tears down."""
+    from prefect.settings import PREFECT_API_URL
+
+    config = launch_config(testbed, tmp_path, startup_s=600)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "K3DEPLOY_RUNS_DIR": str(tmp_path / "runs")}
+    code = f"from flows.launch import launch; launch(config={config!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 120
+        while sum(map(len, ours(bed_nodes).values())) < 4:  # polling the engines, not sleeping blind
+            assert proc.poll() is None and time.monotonic() < deadline, "the launch never started all four"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not any(ours(bed_nodes).values())
