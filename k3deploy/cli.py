@@ -67,6 +67,7 @@ def run(config: ConfigPath) -> None:
 # Stages that can run on their own so far: name → "module:flow".
 STAGE_FLOWS = {
     "models": "flows.models:models",
+    "comm": "flows.comm:comm",
     "image": "flows.image:image",
     "launch": "flows.launch:launch",
     "teardown": "flows.teardown:teardown",

@@ -125,4 +125,4 @@ def test_readme_reference_is_current():
 def test_rerun_names_the_stages_it_can_run():
     out = k3deploy("rerun", "-c", "x.yaml", "bench")
     assert out.returncode == 2
-    assert "stage 'bench' is not available; available: models, image, launch, teardown" in out.stderr
+    assert "stage 'bench' is not available; available: models, comm, image, launch, teardown" in out.stderr

@@ -1,0 +1,26 @@
+"""Comm stage: the vLLM-Ascend multi-node communication checks (pure builders and parsers + a runner)."""
+
+from tasks.comm.batch import Section, SectionOutput, parse_output, render_script
+from tasks.comm.cross import PingTarget, consistent, majority, ping_plan
+from tasks.comm.npu_checks import ToolPaths
+from tasks.comm.report import CommReport, Finding, Verdict
+from tasks.comm.runner import run_comm_checks
+from tasks.comm.topology import board_die, logical_id
+
+__all__ = [
+    "CommReport",
+    "Finding",
+    "PingTarget",
+    "Section",
+    "SectionOutput",
+    "ToolPaths",
+    "Verdict",
+    "board_die",
+    "consistent",
+    "logical_id",
+    "majority",
+    "parse_output",
+    "ping_plan",
+    "render_script",
+    "run_comm_checks",
+]

@@ -1,0 +1,80 @@
+"""Cross-node logic: values that must agree on every node, and which NPU pings which address.
+
+HCCL refuses to link NPUs whose TLS switch differs, and a driver mismatch between nodes
+fails late and obscurely, so those are compared across the cluster: the majority value
+is taken as intended and every node/NPU that differs is named.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tasks.comm.report import Finding, fail
+
+Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)
+
+
+def majority(values: Iterable[str]) -> str | None:
+    """The most common value, or None when two values tie for first place (nobody can tell the odd one)."""
+    top = Counter(values).most_common(2)
+    if not top or (len(top) == 2 and top[0][1] == top[1][1]):
+        return None
+    return top[0][0]
+
+
+def _nodes_with(values: Mapping[Key, str], value: str) -> str:
+    return ", ".join(dict.fromkeys(node for (node, _), v in values.items() if v == value))
+
+
+def consistent(rows: Sequence[Finding], values: Mapping[Key, str], what: str) -> list[Finding]:
+    """`rows` of one check, those whose value differs from the cluster majority turned into failures."""
+    usual = majority(values.values())
+    out = []
+    for row in rows:
+        value = values.get((row.node, row.npu))
+        if not row.ok or value is None or value == usual:
+            out.append(row)
+            continue
+        here = row.node if row.npu is None else f"{row.node} NPU {row.npu}"
+        if usual is None:
+            spread = "; ".join(f"{v} on {_nodes_with(values, v)}" for v in sorted(set(values.values())))
+            detail = f"{what} {value} on {here}; no majority across nodes ({spread})"
+        else:
+            detail = f"{what} {value} on {here}, but {usual} on {_nodes_with(values, usual)}"
+        out.append(fail(row.node, row.npu, row.check, detail, row.peer))
+    return out
+
+
+@dataclass(frozen=True)
+class PingTarget:
+    """Local NPU `npu` pings `peer`'s NPU `peer_npu` at `address` (NIC, or vNIC over HCCS)."""
+
+    npu: int
+    peer: str
+    peer_npu: int
+    address: str
+    hccs: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{'hccs_ping' if self.hccs else 'ping'}:{self.npu}:{self.peer}"
+
+
+def ping_plan(node: str, addresses: Mapping[str, Mapping[int, str]], *, hccs: bool = False) -> list[PingTarget]:
+    """Every NPU of `node` pings the same-numbered NPU of every other node.
+
+    Each peer NPU address is reached once from every node and every local NPU sends, so a
+    bad link on either side shows, with N-1 pings per NPU rather than 16 × (N-1). NPUs
+    without a known address (absent, or their `-ip -g` failed) are left out: their own
+    rows already fail. Ordered peer by peer, so each group of a batch uses distinct NPUs.
+    """
+    mine = addresses.get(node, {})
+    return [
+        PingTarget(npu, peer, npu, theirs[npu], hccs)
+        for peer, theirs in addresses.items()
+        if peer != node
+        for npu in sorted(mine)
+        if npu in theirs
+    ]

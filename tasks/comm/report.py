@@ -1,0 +1,123 @@
+"""What the comm stage found: one row per node / NPU / check, and the views a flow records."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Verdict = Literal["ok", "fail"]
+
+# Check names, in the order rows are shown for one NPU (the vLLM-Ascend guide's order).
+HOST_CHECKS = ("reach", "batch", "nic", "local_ip", "service_port", "rpc_port", "driver_version", "firmware_version")
+NPU_CHECKS = (
+    "npu_smi",
+    "lldp",
+    "link",
+    "net_health",
+    "netdetect",
+    "gateway",
+    "hccn_conf",
+    "ip",
+    "tls",
+    "vnic",
+    "spod_info",
+    "ping",
+    "hccs_ping",
+)
+_ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verdict: which node (and NPU, and peer node for a ping), which check, and the line behind it."""
+
+    node: str
+    npu: int | None
+    check: str
+    verdict: Verdict
+    detail: str
+    peer: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+
+def ok(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
+    return Finding(node, npu, check, "ok", detail, peer)
+
+
+def fail(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
+    return Finding(node, npu, check, "fail", detail, peer)
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line, stripped: what a row shows of an error output."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no output)")
+
+
+def outcome(rc: int | None) -> str:
+    """How a tool call ended, in words: `exited 255`, `timed out` (its section's timeout), `did not finish`."""
+    if rc is None:
+        return "did not finish"
+    return "timed out" if rc in (124, 137) else f"exited {rc}"
+
+
+def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:
+    """Node order of the cluster, host rows first, then NPU by NPU in the guide's check order."""
+    rank = {name: i for i, name in enumerate(node_order)}
+    return sorted(
+        rows,
+        key=lambda f: (
+            rank.get(f.node, len(rank)),
+            f.npu is not None,
+            f.npu or 0,
+            _ORDER.get(f.check, len(_ORDER)),
+            rank.get(f.peer or "", -1),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CommReport:
+    """Every row of one comm run; `failures` is what a flow fails on."""
+
+    nodes: tuple[str, ...]
+    rows: tuple[Finding, ...]
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> tuple[Finding, ...]:
+        return tuple(r for r in self.rows if not r.ok)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def table_rows(self, *, failures_only: bool = False) -> list[dict[str, str]]:
+        """Rows for `prefect.artifacts.create_table_artifact(table=...)` (all strings, fixed columns)."""
+        return [
+            {
+                "node": r.node,
+                "npu": "" if r.npu is None else str(r.npu),
+                "check": r.check,
+                "peer": r.peer or "",
+                "verdict": r.verdict,
+                "detail": r.detail,
+            }
+            for r in (self.failures if failures_only else self.rows)
+        ]
+
+    def summary(self) -> str:
+        """One line: counts, and for a failure which nodes and checks, worst node first."""
+        n, nodes = len(self.rows), len(self.nodes)
+        if self.ok:
+            return f"comm OK: {n} checks on {nodes} nodes, 0 failed"
+        per_node: dict[str, Counter[str]] = {}
+        for r in self.failures:
+            per_node.setdefault(r.node, Counter())[r.check] += 1
+        worst = sorted(per_node.items(), key=lambda kv: -sum(kv[1].values()))
+        parts = [f"{node}: " + ", ".join(f"{c}×{k}" for c, k in sorted(cnt.items())) for node, cnt in worst]
+        return f"comm FAILED: {len(self.failures)} of {n} checks on {nodes} nodes; " + "; ".join(parts)

@@ -1,0 +1,75 @@
+"""The Prefect task of the comm stage: a thin wrapper over run_comm_checks that publishes the table."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+from prefect.variables import Variable
+
+from blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError
+from tasks.comm.report import CommReport
+from tasks.comm.runner import run_comm_checks
+from tasks.transport.factory import transports_for
+
+FAILURES_SHOWN = 20
+
+
+class CommStageFailed(K3DeployError):
+    """A node, NPU or link failed a communication check."""
+
+    def __init__(self, report: CommReport) -> None:
+        lines = [
+            f"{r.node}{f' NPU {r.npu}' if r.npu is not None else ''}: {r.check}: {r.detail}" for r in report.failures
+        ]
+        more = f"\n  … and {len(lines) - FAILURES_SHOWN} more" if len(lines) > FAILURES_SHOWN else ""
+        super().__init__(report.summary() + "\n  " + "\n  ".join(lines[:FAILURES_SHOWN]) + more)
+        self.report = report
+
+
+def _cluster_hash(cfg: DeploymentConfig) -> str:
+    facts = {
+        "nodes": [n.model_dump(mode="json") for n in cfg.cluster.nodes],
+        "npus": cfg.cluster.npus_per_node,
+        "ports": [cfg.serve.service_port, cfg.serve.rpc_port],
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _epoch_variable(cfg: DeploymentConfig) -> str:
+    """A Prefect Variable counting this cluster's failed comm runs: a failure retires any earlier pass."""
+    return f"k3deploy_comm_failures_{_cluster_hash(cfg)}"
+
+
+def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
+    """The same nodes, addresses, NICs, NPU count and ports, and no failure since: a pass still holds."""
+    cfg: DeploymentConfig = parameters["cfg"]
+    return f"comm-{_cluster_hash(cfg)}-{Variable.get(_epoch_variable(cfg), default=0)}"
+
+
+# A pass is reused for an hour; a failed run is never cached, and it retires the passes before it.
+@task(name="comm checks", cache_key_fn=_comm_key, cache_expiration=timedelta(hours=1), persist_result=True)
+def comm_checks(cfg: DeploymentConfig, timeout_s: float = 300) -> CommReport:
+    """Run every check on every node and NPU; publish the table; raise (so it is never cached) on a failure."""
+    transports = transports_for(cfg.cluster)
+    try:
+        report = run_comm_checks(transports, cfg.cluster, cfg.serve, timeout_s)
+    finally:
+        for t in transports.values():
+            t.close()
+    get_run_logger().info("%s (phases: %s s)", report.summary(), report.phase_seconds)
+    create_table_artifact(report.table_rows(), key="comm-checks", description=report.summary())
+    if not report.ok:
+        create_table_artifact(report.table_rows(failures_only=True), key="comm-failures", description=report.summary())
+    create_markdown_artifact(f"# Comm\n\n{report.summary()}\n", key="comm-summary")
+    if not report.ok:
+        name = _epoch_variable(cfg)
+        Variable.set(name, int(Variable.get(name, default=0) or 0) + 1, overwrite=True)
+        raise CommStageFailed(report)
+    return report

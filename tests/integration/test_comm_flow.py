@@ -1,0 +1,50 @@
+"""The comm flow on the test bed: a healthy pass is reused on a rerun, a failure is named and never reused."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from flows.comm import comm
+from tasks.comm.steps import CommStageFailed
+from tests.bedconfig import bed_config, write_config
+
+pytestmark = [pytest.mark.comm, pytest.mark.testbed, pytest.mark.prefect]
+
+
+def config(bed, tmp_path: Path) -> str:
+    return write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", bed_config(bed))
+
+
+def task_state(flow_state) -> str:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+        )
+    return next(r.state.name for r in runs if r.name.startswith("comm checks"))
+
+
+def test_healthy_bed_passes_and_a_rerun_reuses_the_pass_unless_asked_fresh(prefect_server, testbed, tmp_path):
+    path = config(testbed, tmp_path)
+    first = comm(config=path, fresh=True, return_state=True)
+    assert first.is_completed() and task_state(first) == "Completed"
+    assert first.result()["summary"].startswith("comm OK: ") and first.result()["summary"].endswith(", 0 failed")
+    again = comm(config=path, return_state=True)
+    assert task_state(again) == "Cached"
+    assert task_state(comm(config=path, fresh=True, return_state=True)) == "Completed"
+
+
+def test_a_failure_names_node_and_npu_and_is_not_reused(prefect_server, testbed, testbed_faults, tmp_path):
+    path = config(testbed, tmp_path)
+    testbed_faults.set("node1", {"link_down": [3]})
+    with pytest.raises(CommStageFailed) as failed:
+        comm(config=path, fresh=True)
+    assert "node1 NPU 3: link" in str(failed.value)
+    assert {(r.node, r.npu) for r in failed.value.report.failures if r.check == "link"} == {("node1", 3)}
+    testbed_faults.clear()
+    healed = comm(config=path, return_state=True)  # the failure was not cached: the checks run again
+    assert healed.is_completed() and task_state(healed) == "Completed"

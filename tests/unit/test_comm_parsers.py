@@ -1,0 +1,171 @@
+"""NPU check parsers on outputs recorded from the bed's simulators (tests/data/comm, see record.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.comm import npu_checks as nc
+from tasks.comm.report import Finding
+
+pytestmark = pytest.mark.comm
+DATA = Path(__file__).parents[1] / "data" / "comm"
+RECORDED = json.loads((DATA / "recorded.json").read_text())
+
+
+def rec(name: str) -> tuple[str, int]:
+    """A recorded output and its exit code."""
+    return (DATA / name).read_text(), RECORDED[name]["rc"]
+
+
+def only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, findings
+    return findings[0]
+
+
+def test_builders_quote_nothing_themselves_and_name_the_npu():
+    tools = nc.ToolPaths(hccn_tool="/opt/my tools/hccn_tool")
+    assert nc.hccn_cmd(tools, 7, "link") == ["/opt/my tools/hccn_tool", "-i", "7", "-link", "-g"]
+    assert nc.ping_cmd(tools, 2, "10.0.0.9", hccs=True)[3:] == ["-hccs_ping", "-g", "address", "10.0.0.9"]
+    with pytest.raises(ValueError):
+        nc.ping_cmd(tools, 2, "10.0.0.9; reboot")
+    with pytest.raises(ValueError):
+        nc.hccn_cmd(tools, 0, "set_ip")
+
+
+def test_healthy_npu_smi_info_lists_16_healthy_npus():
+    rows = nc.parse_npu_smi_info("node1", *rec("healthy/npu_smi_info.txt"), 16)
+    assert [(r.npu, r.verdict) for r in rows] == [(i, "ok") for i in range(16)]
+    text = rec("healthy/npu_smi_info.txt")[0]
+    assert rows[9].detail.startswith("health OK: | 4     Ascend910           | OK ")
+    assert rows[9].detail.removeprefix("health OK: ") in text.splitlines()  # the board row, verbatim
+
+
+def test_missing_and_critical_npus_are_named():
+    rows = nc.parse_npu_smi_info("node1", *rec("faulty/npu_smi_info.txt"), 16)
+    bad = {r.npu: r.detail for r in rows if not r.ok}
+    assert set(bad) == {9, 15}
+    assert bad[15] == "NPU 15 (board 7, die 1) is not listed by npu-smi info"
+    assert bad[9].startswith("health Critical: | 4     Ascend910           | Critical")
+
+
+def test_npu_smi_info_that_fails_is_one_node_row():
+    row = only(nc.parse_npu_smi_info("node1", "bash: npu-smi: command not found\n", 127, 16))
+    assert (row.npu, row.verdict) == (None, "fail") and "command not found" in row.detail
+
+
+@pytest.mark.parametrize(
+    ("query", "detail"),
+    [
+        ("lldp", "Ifname: 400GE1/2/2:2"),
+        ("link", "link status: UP"),
+        ("net_health", "net health status: Success"),
+        ("netdetect", "netdetect address: 10.213.67.1"),
+        ("gateway", "default gateway:10.213.67.1, Iface:eth3"),
+        ("ip", "ipaddr:10.213.67.11"),
+        ("vnic", "vnic ipaddr: 10.213.99.11"),
+    ],
+)
+def test_healthy_hccn_outputs_pass_showing_the_line_the_guide_reads(query: str, detail: str):
+    row = only(nc.HCCN_PARSERS[query]("node1", 3, *rec(f"healthy/{query}.txt")))
+    assert (row.node, row.npu, row.check, row.verdict, row.detail) == ("node1", 3, query, "ok", detail)
+
+
+def test_values_for_phase_2_and_cross_node_checks():
+    assert nc.npu_ip(rec("healthy/ip.txt")[0]) == "10.213.67.11"
+    assert nc.vnic_ip(rec("healthy/vnic.txt")[0]) == "10.213.99.11"
+    assert nc.tls_switch(rec("healthy/tls.txt")[0]) == "0"
+    assert nc.tls_switch(rec("faulty/tls_npu7.txt")[0]) == "1"
+    assert nc.npu_ip(rec("faulty/ip_npu15.txt")[0]) is None
+    assert nc.spod_fields(rec("healthy/spod_info.txt")[0]) == {
+        "SDID": "4390912", "Super Pod Size": "384", "Super Pod ID": "0", "Server Index": "1"
+    }  # fmt: skip
+
+
+def test_link_down_fails_with_its_line():
+    row = only(nc.parse_link("node1", 3, *rec("faulty/link_npu3.txt")))
+    assert (row.npu, row.verdict, row.detail) == (3, "fail", "link status: DOWN")
+
+
+def test_net_health_other_than_success_fails():
+    row = only(nc.parse_net_health("node1", 5, *rec("faulty/net_health_npu5.txt")))
+    assert (row.verdict, row.detail) == ("fail", "net health status: Socket fail")
+
+
+def test_tls_is_read_here_and_judged_across_nodes():
+    row = only(nc.parse_tls("node1", 7, *rec("faulty/tls_npu7.txt")))
+    assert row.ok and row.detail.startswith("dev_id:7, tls switch[1](0:disable, 1:enable)")
+
+
+@pytest.mark.parametrize(("parse", "name"), [(nc.parse_lldp, "lldp"), (nc.parse_ip, "ip")])
+def test_a_missing_npu_fails_every_query_with_the_tools_error(parse, name):
+    text, rc = rec(f"faulty/{name}_npu15.txt")
+    assert rc == 255
+    row = only(parse("node1", 15, text, rc))
+    assert row.verdict == "fail"
+    assert row.detail == "exited 255: Error: device 15 does not exist, the logic id is invalid. (ret=-8001)"
+
+
+def test_spod_info_of_a_missing_die_names_board_and_die():
+    row = only(nc.parse_spod_info("node1", 15, *rec("faulty/spod_info_npu15.txt")))
+    assert row.verdict == "fail" and "NPU ID 7, chip ID 1" in row.detail
+    healthy = only(nc.parse_spod_info("node1", 3, *rec("healthy/spod_info.txt")))
+    assert healthy.ok and healthy.detail == "SDID 4390912, Super Pod ID 0"
+
+
+@pytest.mark.parametrize(
+    ("text", "rc", "detail"),
+    [
+        ("lldp neighbours: none\n", 0, "unexpected output: lldp neighbours: none"),
+        ("Chassis ID TLV\n\tIfname: \n", 0, "Ifname:"),
+        ("", 124, "timed out: (no output)"),
+    ],
+)
+def test_lldp_without_a_neighbour_or_answer_fails(text: str, rc: int, detail: str):
+    row = only(nc.parse_lldp("node0", 1, text, rc))
+    assert (row.verdict, row.detail) == ("fail", detail)
+
+
+def test_bad_addresses_fail():
+    assert not only(nc.parse_gateway("n", 0, "default gateway:none, Iface:eth0\n")).ok
+    assert not only(nc.parse_ip("n", 0, "ipaddr:300.1.2.3\nnetmask:255.255.255.0\n")).ok
+    assert not only(nc.parse_vnic("n", 0, "vnic link status: DOWN\nvnic ipaddr: 10.0.0.1\n")).ok
+
+
+def test_healthy_pings_pass():
+    row = only(nc.parse_ping("node1", 3, *rec("healthy/ping_node2.txt"), peer="node2", peer_npu=3,
+                             address="10.213.67.12"))  # fmt: skip
+    assert (row.check, row.peer, row.verdict) == ("ping", "node2", "ok")
+    assert row.detail == "to node2 NPU 3 10.213.67.12: 3 packets transmitted, 3 received, 0.00% packet loss"
+    hccs = only(nc.parse_ping("node1", 3, *rec("healthy/hccs_ping_node2.txt"), peer="node2", peer_npu=3,
+                              address="10.213.99.12", hccs=True))  # fmt: skip
+    assert (hccs.check, hccs.verdict) == ("hccs_ping", "ok")
+
+
+@pytest.mark.parametrize(
+    ("name", "hccs", "summary"),
+    [
+        ("faulty/ping_npu4_node2.txt", False, "3 packets transmitted, 0 received, 100.00% packet loss"),
+        ("faulty/ping_npu4_node3.txt", False, "3 packets transmitted, 2 received, 33.33% packet loss"),
+        ("faulty/ping_npu3_node2.txt", False, "3 packets transmitted, 0 received, 100.00% packet loss"),
+        ("faulty/hccs_ping_npu4_node3.txt", True, "3 packets transmitted, 2 received, 33.33% packets loss"),
+        ("faulty/hccs_ping_npu3_node2.txt", True, "3 packets transmitted, 0 received, 100.00% packets loss"),
+    ],
+)
+def test_any_lost_packet_fails_the_ping(name: str, hccs: bool, summary: str):
+    row = only(nc.parse_ping("node1", 4, *rec(name), peer="node3", peer_npu=4, address="10.213.68.13", hccs=hccs))
+    assert (row.node, row.npu, row.peer, row.verdict) == ("node1", 4, "node3", "fail")
+    assert row.detail.endswith(summary)
+
+
+def test_ping_without_summary_fails():
+    row = only(nc.parse_ping("n", 0, "hccn_tool: usage\n", 2, peer="m", peer_npu=0, address="10.0.0.1"))
+    assert row.verdict == "fail" and row.detail == "to m NPU 0 10.0.0.1: exited 2: hccn_tool: usage"
+
+
+def test_a_tool_call_that_never_finished_says_so():
+    row = only(nc.parse_link("node0", 2, "", None))
+    assert (row.verdict, row.detail) == ("fail", "did not finish: (no output)")
+    assert only(nc.parse_npu_smi_info("node0", "", 124, 16)).detail == "npu-smi info timed out: (no output)"
