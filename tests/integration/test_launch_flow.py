@@ -161,3 +161,34 @@ def test_a_crashed_launch_process_leaves_no_container(prefect_server, testbed, b
         if proc.poll() is None:
             proc.kill()
     assert not any(ours(bed_nodes).values())
+
+
+def test_cancelling_a_launch_from_prefect_removes_its_containers(
+    prefect_server, testbed, bed_nodes, tmp_path, monkeypatch
+):
+    """As from the UI: a Runner executes the deployment's run; setting it Cancelling kills it and runs the hook."""
+    import asyncio
+    import threading
+
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.runner import Runner
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Cancelling
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the runner's child process reports here
+    runner = Runner(query_seconds=1)
+    deployment = runner.add_flow(launch, name=f"cancel-{random.randrange(10**9)}")
+    run = run_deployment(deployment, parameters={"config": launch_config(testbed, tmp_path, startup_s=600)}, timeout=0)
+    worker = threading.Thread(target=lambda: asyncio.run(runner.start(run_once=True)), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while sum(map(len, ours(bed_nodes).values())) < 4:  # polling the engines until all four run
+        assert worker.is_alive() and time.monotonic() < deadline, "the launch never started all four"
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+        while not (state := client.read_flow_run(run.id).state).is_final():
+            assert time.monotonic() < deadline + 120, f"still {state.name} after the cancel"
+    worker.join(60)
+    assert state.name == "Cancelled"
+    assert not any(ours(bed_nodes).values())  # the on_cancellation hook removed all four
