@@ -191,7 +191,14 @@ class SSHTransport:
             if stdin:
                 channel.sendall(stdin)  # small inputs (a job description): fits the channel window
             channel.shutdown_write()  # EOF: a command reading stdin never waits on us
-            while not (channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready()):
+            # Done when the exit status is in and the output has ended (EOF): sshd may send the status
+            # before the last stderr bytes, so the status alone would lose them.
+            while not (
+                channel.exit_status_ready()
+                and (channel.eof_received or channel.closed)
+                and not channel.recv_ready()
+                and not channel.recv_stderr_ready()
+            ):
                 if time.monotonic() > local_deadline:
                     raise CommandTimeout(self.host, f"no exit after {timeout:g}s and the kill grace: {text!r}")
                 select.select([channel], [], [], 0.2)
