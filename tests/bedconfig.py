@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from tasks.transport import SSHTransport
 from tests.configs import site_data, with_changes
 
 
@@ -25,6 +26,14 @@ def bed_config(bed: Any, hosts: int | list[str] = 4, **changes: Any) -> dict[str
     data["serve"]["data_parallel_size"] = len(chosen)
     data["serve"]["expert_parallel_size"] = len(chosen) * data["serve"]["tensor_parallel_size"]
     return with_changes(data, **changes)
+
+
+def bed_transports(bed: Any, hosts: int = 4) -> dict[str, SSHTransport]:
+    """SSH to the first bed hosts with the bed key and pinned host keys, keyed by node name."""
+    return {
+        h.name: SSHTransport(h.ip, name=h.name, private_key_file=bed.key, known_hosts=bed.known_hosts)
+        for h in bed.hosts[:hosts]
+    }
 
 
 def write_config(path: Path, data: dict[str, Any]) -> str:

@@ -19,8 +19,8 @@ import pytest
 
 from flows.image import ImageStageFailed, image
 from k3deploy.errors import K3DeployError
-from tasks.transport import SSHTransport, docker_client
-from tests.bedconfig import bed_config, write_config
+from tasks.transport import docker_client
+from tests.bedconfig import bed_config, bed_transports, write_config
 
 pytestmark = [pytest.mark.image, pytest.mark.testbed, pytest.mark.prefect]
 LOADED = "k3test/loaded:1"
@@ -28,10 +28,7 @@ LOADED = "k3test/loaded:1"
 
 @pytest.fixture
 def engines(testbed) -> Iterator[dict[str, Any]]:
-    transports = {
-        h.name: SSHTransport(h.ip, name=h.name, private_key_file=testbed.key, known_hosts=testbed.known_hosts)
-        for h in testbed.hosts[:4]
-    }
+    transports = bed_transports(testbed)
     clients = {name: docker_client(t) for name, t in transports.items()}
     yield {"transports": transports, "clients": clients}
     for name, client in clients.items():

@@ -25,8 +25,8 @@ from flows.launch import launch
 from flows.teardown import teardown
 from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
 from tasks.launch.steps import LaunchFailed
-from tasks.transport import SSHTransport, docker_client
-from tests.bedconfig import bed_config, write_config
+from tasks.transport import docker_client
+from tests.bedconfig import bed_config, bed_transports, write_config
 
 pytestmark = [pytest.mark.launch, pytest.mark.testbed, pytest.mark.prefect]
 CONTROL = "/srv/models/k3sim-control.json"
@@ -40,10 +40,7 @@ def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def bed_nodes(testbed) -> Iterator[dict[str, Any]]:
-    transports = {
-        h.name: SSHTransport(h.ip, name=h.name, private_key_file=testbed.key, known_hosts=testbed.known_hosts)
-        for h in testbed.hosts[:4]
-    }
+    transports = bed_transports(testbed)
     clients = {name: docker_client(t) for name, t in transports.items()}
     for t in transports.values():
         t.run(f"rm -f {CONTROL}", 30).check()

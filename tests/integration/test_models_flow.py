@@ -24,7 +24,7 @@ from tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from tasks.transport import SSHTransport
 from testbed.hub import HubServer
 from testbed.hub_store import publish
-from tests.bedconfig import bed_config, write_config
+from tests.bedconfig import bed_config, bed_transports, write_config
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
 SHARD = "model-00001-of-00002.safetensors"
@@ -54,10 +54,7 @@ def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
 @pytest.fixture
 def nodes(testbed) -> Iterator[dict[str, SSHTransport]]:
     """SSH to the four hosts; every checkpoint a test makes under /srv/models is gone before and after it."""
-    ts = {
-        h.name: SSHTransport(h.ip, name=h.name, private_key_file=testbed.key, known_hosts=testbed.known_hosts)
-        for h in testbed.hosts[:4]
-    }
+    ts = bed_transports(testbed)
     for t in ts.values():
         sh(t, f"rm -rf {' '.join(f'/srv/models/{name}' for name in TEST_CHECKPOINTS)}")
     yield ts
