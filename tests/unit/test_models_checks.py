@@ -132,3 +132,17 @@ def test_progress_lines_are_summed_across_nodes():
     board.on_output("node1", "stderr", 'K3PROGRESS {"op": "fetch", "done": 10, "total": 10}')
     board.on_output("node0", "stderr", 'K3PROGRESS {"op": "fetch", "done": 10, "total": 10}')
     assert seen[0][0] == 0.5 and seen[-1][0] == 1.0 and "node0 100%, node1 100%" in seen[-1][1]
+
+
+def test_the_hub_token_travels_on_stdin_only():
+    from pydantic import SecretStr
+
+    from tasks.models.listing import auth_headers
+    from tasks.models.remote import agent_command, agent_input
+    from tasks.transport.base import with_timeout
+
+    body = job(
+        "fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], headers=auth_headers(SecretStr("hf_tok"))
+    )
+    assert b"Bearer hf_tok" in agent_input(body)  # the agent needs it ...
+    assert "hf_tok" not in with_timeout(agent_command("python3"), 60)  # ... but it is never in a command line
