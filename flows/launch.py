@@ -10,13 +10,12 @@ from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, runtime, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_logger
 
 from blocks.loader import load_config
 from tasks.launch.steps import (
-    LaunchRecord,
     remove_containers,
     remove_run_containers,
     start_containers,
@@ -43,18 +42,6 @@ def publish_plan(plan: Plan) -> None:
     create_markdown_artifact(f"```sh\n{plan.to_text()}\n```\n", key="launch-commands", description="what launch runs")
 
 
-@task(name="publish launch record", cache_policy=NO_CACHE)
-def publish_record(record: LaunchRecord) -> None:
-    if record.milestones:
-        create_table_artifact(record.milestones, key="launch-milestones", description="start-up milestones per node")
-    logs = "\n".join(f"- {node}: `{path}`" for node, path in record.log_files.items())
-    create_markdown_artifact(
-        f"# Launch\n\nready after **{record.time_to_ready_s} s**; {record.burst_requests} concurrent requests "
-        f"answered.\n\nContainer logs:\n{logs}\n",
-        key="launch-summary",
-    )
-
-
 @flow(name="launch", on_failure=[teardown_hook], on_crashed=[teardown_hook], on_cancellation=[teardown_hook])
 def launch(config: str = DEFAULT_CONFIG, teardown_after: bool = False) -> dict[str, Any]:
     """Serving on every node, ready for real requests on every DP rank, or failed naming node, rank and line."""
@@ -64,7 +51,6 @@ def launch(config: str = DEFAULT_CONFIG, teardown_after: bool = False) -> dict[s
     publish_plan(plan)
     started = start_containers(cfg, plan)
     record = wait_until_ready(cfg, plan, started, run_id)
-    publish_record(record)
     if teardown_after:
         remove_containers(cfg, run_id)
     return asdict(record)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
@@ -21,6 +22,8 @@ from tasks.launch.monitor import Failure, LaunchMonitor
 from tasks.launch.readiness import Probe, burst, probe
 from tasks.render import Plan
 from tasks.transport.factory import docker_clients
+
+LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
 
 class LaunchFailed(K3DeployError):
@@ -44,6 +47,7 @@ class LaunchRecord:
     milestones: list[dict[str, Any]] = field(default_factory=list)
     log_files: dict[str, str] = field(default_factory=dict)
     burst_requests: int = 0
+    failure: str | None = None
 
 
 @task(name="start containers", cache_policy=NO_CACHE)
@@ -107,11 +111,30 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
                 raise LaunchFailed(monitor.failure.describe(), monitor.failure)  # type: ignore[union-attr]
             record.burst_requests = count
             logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
+        except LaunchFailed as err:
+            record.failure = str(err)
+            raise
         finally:
             monitor.stop()
             record.milestones = watcher.milestone_rows(t0)
             record.log_files = {node: str(monitor.log_dir / f"{node}.log") for node in monitor.buffers}
+            publish_launch_artifacts(record, {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()})
     return record
+
+
+def publish_launch_artifacts(record: LaunchRecord, tails: dict[str, list[str]]) -> None:
+    """Milestones and each node's last log lines, in the UI, whether the launch passed or failed."""
+    if record.milestones:
+        create_table_artifact(record.milestones, key="launch-milestones", description="start-up milestones per node")
+    if record.failure:
+        verdict = f"**FAILED**: {record.failure}"
+    else:
+        verdict = f"ready after **{record.time_to_ready_s} s**; {record.burst_requests} concurrent requests answered"
+    sections = [
+        f"## {node}\n\nfull log: `{record.log_files.get(node, '?')}`\n\n```\n" + "\n".join(lines) + "\n```"
+        for node, lines in tails.items()
+    ]
+    create_markdown_artifact(f"# Launch\n\n{verdict}\n\n" + "\n\n".join(sections) + "\n", key="launch-summary")
 
 
 def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:

@@ -71,6 +71,18 @@ def control(bed_nodes, node: str, **settings: Any) -> None:
     bed_nodes["transports"][node].run(f"printf %s {shlex.quote(text)} > {CONTROL}", 30).check()
 
 
+def latest_artifact(key: str) -> str:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+        )
+    return str(found[0].data)
+
+
 def ours(bed_nodes) -> dict[str, list[str]]:
     """Containers carrying a k3deploy config label, per node."""
     return {
@@ -116,6 +128,8 @@ def test_fatal_line_in_one_worker_fails_the_launch_naming_it_and_nothing_is_left
     assert failure is not None and (failure.node, failure.rank) == ("node2", 2)
     assert failure.line == line and "fatal log line" in failure.reason
     assert failure.emitted_at is not None and failure.seen_at >= failure.emitted_at
+    summary = latest_artifact("launch-summary")  # the UI shows why, and node2's last lines, for a failure too
+    assert "**FAILED**: node2 (DP rank 2): fatal log line" in summary and summary.count(line) >= 2
     assert not any(ours(bed_nodes).values())  # the failure hook removed all four
 
 
