@@ -16,7 +16,7 @@ from blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from tasks.comm.report import CommReport
 from tasks.comm.runner import run_comm_checks
-from tasks.transport.factory import transports_for
+from tasks.transport.factory import open_transports
 
 FAILURES_SHOWN = 20
 
@@ -57,12 +57,8 @@ def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
 @task(name="comm checks", cache_key_fn=_comm_key, cache_expiration=timedelta(hours=1), persist_result=True)
 def comm_checks(cfg: DeploymentConfig, timeout_s: float = 300) -> CommReport:
     """Run every check on every node and NPU; publish the table; raise (so it is never cached) on a failure."""
-    transports = transports_for(cfg.cluster)
-    try:
+    with open_transports(cfg.cluster) as transports:
         report = run_comm_checks(transports, cfg.cluster, cfg.serve, timeout_s)
-    finally:
-        for t in transports.values():
-            t.close()
     get_run_logger().info("%s (phases: %s s)", report.summary(), report.phase_seconds)
     create_table_artifact(report.table_rows(), key="comm-checks", description=report.summary())
     if not report.ok:

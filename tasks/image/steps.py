@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 from prefect import task
@@ -16,13 +14,11 @@ from prefect.logging import get_run_logger
 
 from blocks.cluster import ClusterConfig
 from blocks.image import ImageConfig
-from k3deploy.errors import K3DeployError
 from tasks.image import build as building
 from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
-from tasks.transport.factory import docker_clients, transports_for
+from tasks.transport.factory import docker_clients, on_every_node, open_transports
 
-T = TypeVar("T")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -38,21 +34,6 @@ class ImageRecord:
     versions: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # node → image id
     findings: list[ImageFinding] = field(default_factory=list)
-
-
-def on_every_node(clients: Mapping[str, docker.DockerClient], fn: Callable[[str, Any], T]) -> dict[str, T]:
-    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
-    with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
-        futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
-    results, errors = {}, []
-    for node, future in futures.items():
-        try:
-            results[node] = future.result()
-        except K3DeployError as err:
-            errors.append(str(err))
-    if errors:
-        raise K3DeployError(f"the image stage failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
-    return results
 
 
 @task(name="pull image", cache_policy=NO_CACHE)
@@ -72,7 +53,7 @@ def pull_image(cluster: ClusterConfig, image: ImageConfig) -> dict[str, NodeImag
         return held
 
     with docker_clients(cluster) as clients:
-        return on_every_node(clients, one)
+        return on_every_node(clients, one, "the image stage")
 
 
 @task(name="build image", cache_policy=NO_CACHE)
@@ -82,13 +63,12 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
     build = image.build
     logger = get_run_logger()
     host = build.build_host or cluster.nodes[0].name
-    transports = transports_for(cluster)
-    builder = transports[host]
 
     def show(node: str, stream: str, line: str) -> None:
         logger.info("%s build: %s", node, line)
 
-    try:
+    with open_transports(cluster) as transports:
+        builder = transports[host]
         checkout = builder.run(building.checkout_command(build), timeout=1800).check()
         source, vllm_commit = building.parse_checkout(checkout.stdout)
         logger.info("%s: vllm-ascend %s at %s, VLLM_COMMIT %s", host, build.repo_url, source, vllm_commit)
@@ -101,17 +81,18 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
                 raise ImageError(host, f"pushed {build.tag} to {build.push_repository} but the engine named no digest")
             digest = found[-1]
         builder.run(building.cleanup_command(build), timeout=600)
-    finally:
-        for transport in transports.values():
-            transport.close()
     with docker_clients(cluster) as clients:
         built = inspect(clients[host], host, build.tag)
         others = {n: c for n, c in clients.items() if n != host}
         if digest is not None:
             pinned = f"{build.push_repository}@{digest}"
-            copies = on_every_node(others, lambda node, client: pull(client, node, pinned, image.registry))
+            copies = on_every_node(
+                others, lambda node, client: pull(client, node, pinned, image.registry), "the image stage"
+            )
         else:
-            copies = on_every_node(others, lambda node, client: _copy(clients[host], client, node, build.tag))
+            copies = on_every_node(
+                others, lambda node, client: _copy(clients[host], client, node, build.tag), "the image stage"
+            )
     return {host: built, **copies}, source, vllm_commit, digest
 
 

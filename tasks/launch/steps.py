@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from tasks.launch.logwatch import LogWatcher, load_patterns
 from tasks.launch.monitor import Failure, LaunchMonitor
 from tasks.launch.readiness import Probe, burst, probe
 from tasks.render import Plan
-from tasks.transport.factory import docker_clients
+from tasks.transport.factory import docker_clients, on_every_node
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
@@ -83,9 +82,7 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
             )
         try:
             while True:
-                if monitor.failed.is_set():
-                    assert monitor.failure is not None
-                    raise LaunchFailed(monitor.failure.describe(), monitor.failure)
+                _raise_if_failed(monitor)
                 result = probe(base_url, cfg.serve.served_model_name, ready.request_timeout_s)
                 if result.ready:
                     break
@@ -107,8 +104,7 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
                     f"{len(failures)} of {count} concurrent requests failed: a DP rank is not serving; "
                     + "; ".join(failures[:5])
                 )
-            if monitor.failed.is_set():
-                raise LaunchFailed(monitor.failure.describe(), monitor.failure)  # type: ignore[union-attr]
+            _raise_if_failed(monitor)  # a rank may have died during the burst
             record.burst_requests = count
             logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
         except LaunchFailed as err:
@@ -120,6 +116,11 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
             record.log_files = {node: str(monitor.log_dir / f"{node}.log") for node in monitor.buffers}
             publish_launch_artifacts(record, {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()})
     return record
+
+
+def _raise_if_failed(monitor: LaunchMonitor) -> None:
+    if monitor.failure is not None:
+        raise LaunchFailed(monitor.failure.describe(), monitor.failure)
 
 
 def publish_launch_artifacts(record: LaunchRecord, tails: dict[str, list[str]]) -> None:
@@ -140,9 +141,8 @@ def publish_launch_artifacts(record: LaunchRecord, tails: dict[str, list[str]]) 
 def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
     """Stop and remove this config's containers (of one run, when given) on every node; then prove none is left."""
     labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
-    with docker_clients(cfg.cluster) as clients, ThreadPoolExecutor(max_workers=len(clients)) as pool:
-        futures = {node: pool.submit(remove_labelled, client, node, labels) for node, client in clients.items()}
-        removed = {node: future.result() for node, future in futures.items()}
+    with docker_clients(cfg.cluster) as clients:
+        removed = on_every_node(clients, lambda node, client: remove_labelled(client, node, labels), "teardown")
         left = {node: [c.name for c in labelled(client, labels)] for node, client in clients.items()}
     still = {node: names for node, names in left.items() if names}
     if still:

@@ -19,7 +19,7 @@ from blocks.models import CheckpointSpec, ModelsConfig
 from k3deploy.errors import K3DeployError
 from tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
 from tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
-from tasks.transport.factory import transports_for
+from tasks.transport.factory import open_transports
 
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -116,13 +116,9 @@ def stat_checkpoint(
     cluster: ClusterConfig, models: ModelsConfig, checkpoint: Checkpoint, listing: Listing, nodes: list[str]
 ) -> dict[str, NodeReport]:
     """Sizes and mtimes on each node (the cache key of the verification), bytes missing, free space."""
-    transports = transports_for(cluster)
-    try:
-        body = job("stat", checkpoint.path, listing)
+    body = job("stat", checkpoint.path, listing)
+    with open_transports(cluster) as transports:
         results = run_agent(transports, models.node_python, dict.fromkeys(nodes, body), timeout=300)
-    finally:
-        for t in transports.values():
-            t.close()
     return _reports(results, f"looking at {checkpoint.role} {checkpoint.path}")
 
 
@@ -136,15 +132,10 @@ def verify_checkpoint(
     read: tuple[str, ...] = (),
 ) -> dict[str, NodeReport]:
     """Hash on every node whatever its manifest cannot vouch for; the nodes write their manifests."""
-    transports = transports_for(cluster)
     board = _progress_reporter(f"verifying {checkpoint.role} {checkpoint.repo}")
-    try:
-        body = job("verify", checkpoint.path, listing, threads=models.threads, read=read)
-        jobs = dict.fromkeys(stats, body)
+    jobs = dict.fromkeys(stats, job("verify", checkpoint.path, listing, threads=models.threads, read=read))
+    with open_transports(cluster) as transports:
         results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
-    finally:
-        for t in transports.values():
-            t.close()
     return _reports(results, f"verifying {checkpoint.role} {checkpoint.path}")
 
 
@@ -165,11 +156,7 @@ def fetch_checkpoint(
         for node, paths in wanted.items()
         if paths
     }
-    transports = transports_for(cluster)
     board = _progress_reporter(f"downloading {checkpoint.role} {checkpoint.repo}")
-    try:
+    with open_transports(cluster) as transports:
         results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
-    finally:
-        for t in transports.values():
-            t.close()
     return _reports(results, f"downloading {checkpoint.role} {checkpoint.repo}")

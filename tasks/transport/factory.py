@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import docker
 
 from blocks.cluster import ClusterConfig
+from k3deploy.errors import K3DeployError
 from tasks.transport.base import Transport
 from tasks.transport.docker_api import docker_client
 from tasks.transport.local import LocalTransport
 from tasks.transport.ssh import SSHTransport
+
+C = TypeVar("C")
+T = TypeVar("T")
 
 
 def transports_for(cluster: ClusterConfig) -> dict[str, Transport]:
@@ -36,19 +42,43 @@ def transports_for(cluster: ClusterConfig) -> dict[str, Transport]:
 
 
 @contextlib.contextmanager
-def docker_clients(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
-    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
+def open_transports(cluster: ClusterConfig) -> Iterator[dict[str, Transport]]:
+    """transports_for, closed again however the block ends (SSH connections are reused inside it)."""
     transports = transports_for(cluster)
-    clients: dict[str, docker.DockerClient] = {}
     try:
-        for name, transport in transports.items():
-            clients[name] = (
-                docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
-            )
-        yield clients
+        yield transports
     finally:
-        for client in clients.values():
-            with contextlib.suppress(Exception):
-                client.close()
         for transport in transports.values():
             transport.close()
+
+
+@contextlib.contextmanager
+def docker_clients(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
+    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
+    clients: dict[str, docker.DockerClient] = {}
+    with open_transports(cluster) as transports:
+        try:
+            for name, transport in transports.items():
+                clients[name] = (
+                    docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
+                )
+            yield clients
+        finally:
+            for client in clients.values():
+                with contextlib.suppress(Exception):
+                    client.close()
+
+
+def on_every_node(clients: Mapping[str, C], fn: Callable[[str, C], T], what: str) -> dict[str, T]:
+    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
+    with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
+        futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
+    results, errors = {}, []
+    for node, future in futures.items():
+        try:
+            results[node] = future.result()
+        except K3DeployError as err:
+            errors.append(str(err))
+    if errors:
+        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
+    return results
