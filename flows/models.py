@@ -14,6 +14,7 @@ from k3deploy.errors import K3DeployError
 from tasks.models.checks import DOCUMENTS, space_problems
 from tasks.models.outcome import CheckpointOutcome, ModelsOutcome, content_findings, files_to_fetch, space_needs
 from tasks.models.steps import (
+    Checkpoint,
     checkpoints,
     fetch_checkpoint,
     list_checkpoint,
@@ -37,12 +38,11 @@ def refuse_if_short(stats: dict[str, Any]) -> None:
 
 
 @task(name="check shared storage", cache_policy=NO_CACHE)
-def shared_storage_unseen(cfg: DeploymentConfig, outcome: CheckpointOutcome) -> dict[str, str]:
+def shared_storage_unseen(cfg: DeploymentConfig, ckpt: Checkpoint, outcome: CheckpointOutcome) -> dict[str, str]:
     """With a shared model root, every other node must see node 0's files (same sizes and mtimes)."""
     others = [n.name for n in cfg.cluster.nodes[1:]]
     if not others:
         return {}
-    ckpt = next(c for c in checkpoints(cfg.models) if c.role == outcome.role)
     seen = stat_checkpoint.fn(cfg.cluster, cfg.models, ckpt, outcome.listing, others)
     expected = next(iter(outcome.final.values())).fingerprint
     first = cfg.cluster.nodes[0].name
@@ -91,8 +91,8 @@ def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any
                     cfg.cluster, cfg.models, c, listings[c.role], to_fetch[c.role], read=DOCUMENTS
                 )
     if cfg.cluster.model_root_shared:
-        for outcome in outcomes.values():
-            outcome.unseen = shared_storage_unseen(cfg, outcome)
+        for c in wanted:
+            outcomes[c.role].unseen = shared_storage_unseen(cfg, c, outcomes[c.role])
     found = content_findings(outcomes, cfg.models.draft, quantized=cfg.serve.quantization is not None)
     outcome = ModelsOutcome(list(outcomes.values()), found)
     publish_artifacts(outcome)

@@ -9,6 +9,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from blocks.image import RegistryAuth
 from k3deploy.errors import K3DeployError
@@ -113,8 +114,9 @@ def run_in_image(
             output = container.logs(stdout=True, stderr=True).decode(errors="replace")
     except docker.errors.APIError as err:
         raise ImageError(node, f"cannot run {argv[0]!r} in {image_id[:19]}: {err.explanation or err}") from None
-    except Exception as err:  # requests' ReadTimeout when wait() runs out
-        if "timed out" in str(err).lower():
+    except requests.exceptions.RequestException as err:
+        # wait() ran out; over SSH docker-py reports that as ConnectionError("… Read timed out.")
+        if isinstance(err, requests.exceptions.ReadTimeout) or "timed out" in str(err).lower():
             raise ImageError(node, f"{' '.join(argv)} did not finish within {timeout:g}s in the image") from None
         raise
     return int(status.get("StatusCode", -1)), output

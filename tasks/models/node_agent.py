@@ -292,7 +292,8 @@ def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[Fil
     root.mkdir(parents=True, exist_ok=True)
     previous = load_manifest(root)
     manifest = Manifest(listing.repo, previous.commit if previous else "", dict(previous.files) if previous else {})
-    wanted = [f for f in listing.files if f.path in set(job["fetch"])]
+    names = set(job["fetch"])
+    wanted = [f for f in listing.files if f.path in names]
     for expected in wanted:
         manifest.files.pop(expected.path, None)
         target = root / expected.path
