@@ -6,12 +6,11 @@ import random
 from pathlib import Path
 
 import pytest
-from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.comm import comm
 from tasks.comm.steps import CommStageFailed
 from tests.bedconfig import bed_config, write_config
+from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.comm, pytest.mark.testbed, pytest.mark.prefect]
 
@@ -21,11 +20,7 @@ def config(bed, tmp_path: Path) -> str:
 
 
 def task_state(flow_state) -> str:
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
-        )
-    return next(r.state.name for r in runs if r.name.startswith("comm checks"))
+    return task_states(flow_state)["comm checks"]
 
 
 def test_healthy_bed_passes_and_a_rerun_reuses_the_pass_unless_asked_fresh(prefect_server, testbed, tmp_path):

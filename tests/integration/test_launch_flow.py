@@ -27,6 +27,7 @@ from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
 from tasks.launch.steps import LaunchFailed
 from tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config
+from tests.prefect_runs import latest_artifact
 
 pytestmark = [pytest.mark.launch, pytest.mark.testbed, pytest.mark.prefect]
 CONTROL = "/srv/models/k3sim-control.json"
@@ -69,18 +70,6 @@ def launch_config(bed, tmp_path: Path, startup_s: float = 0.5, **changes: Any) -
 def control(bed_nodes, node: str, **settings: Any) -> None:
     text = json.dumps({k: str(v) for k, v in settings.items()})
     bed_nodes["transports"][node].run(f"printf %s {shlex.quote(text)} > {CONTROL}", 30).check()
-
-
-def latest_artifact(key: str) -> str:
-    from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    from prefect.client.schemas.sorting import ArtifactSort
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
-        )
-    return str(found[0].data)
 
 
 def ours(bed_nodes) -> dict[str, list[str]]:

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.models import ModelsStageFailed, models
 from k3deploy.errors import K3DeployError
@@ -25,6 +23,7 @@ from tasks.transport import SSHTransport
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 from tests.bedconfig import bed_config, bed_transports, write_config
+from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
 SHARD = "model-00001-of-00002.safetensors"
@@ -125,15 +124,9 @@ def test_fresh_download_verifies_on_every_node_and_a_rerun_skips_verified_work(
     config = bed_config(testbed, models__hub="huggingface", models__hub_endpoint=hub.url, models__target={"repo": repo})
     state = models(config=write_config(tmp_path / "third.yaml", config), return_state=True)
     assert state.is_completed() and file_gets(hub, repo) == []
-    task_states = _task_states(state.state_details.flow_run_id)
-    assert task_states["verify checkpoint"] == "Cached"  # same sizes and mtimes on the same nodes: not even run
-    assert "fetch checkpoint" not in task_states
-
-
-def _task_states(flow_run_id) -> dict[str, str]:
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+    states = task_states(state)
+    assert states["verify checkpoint"] == "Cached"  # same sizes and mtimes on the same nodes: not even run
+    assert "fetch checkpoint" not in states
 
 
 def test_corrupted_file_is_named_and_only_it_is_fetched_again(prefect_server, testbed, hub, nodes, tmp_path):
