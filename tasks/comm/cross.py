@@ -62,19 +62,32 @@ class PingTarget:
         return f"{'hccs_ping' if self.hccs else 'ping'}:{self.npu}:{self.peer}"
 
 
-def ping_plan(node: str, addresses: Mapping[str, Mapping[int, str]], *, hccs: bool = False) -> list[PingTarget]:
-    """Every NPU of `node` pings the same-numbered NPU of every other node.
+def ping_peers(node: str, nodes: Sequence[str]) -> list[str]:
+    """The nodes `node` pings, so that every pair of `nodes` is pinged once and each node sends
+    to half of the others (round-robin: the next (n-1)/2, plus the opposite node for half of them).
 
-    Each peer NPU address is reached once from every node and every local NPU sends, so a
-    bad link on either side shows, with N-1 pings per NPU rather than 16 × (N-1). NPUs
-    without a known address (absent, or their `-ip -g` failed) are left out: their own
-    rows already fail. Ordered peer by peer, so each group of a batch uses distinct NPUs.
+    An echo request and its reply cross the path both ways, so one ping per pair proves that
+    both nodes reach each other; pinging from both ends would double the mesh for nothing.
     """
-    mine = addresses.get(node, {})
+    n, at = len(nodes), list(nodes).index(node)
+    steps = list(range(1, (n - 1) // 2 + 1)) + ([n // 2] if n % 2 == 0 and at < n // 2 else [])
+    return [nodes[(at + step) % n] for step in steps]
+
+
+def ping_plan(node: str, addresses: Mapping[str, Mapping[int, str]], *, hccs: bool = False) -> list[PingTarget]:
+    """Every NPU of `node` pings the same-numbered NPU of the peers `ping_peers` gives it.
+
+    Each pair of nodes is pinged once per NPU number, so a bad link on either side shows,
+    with about 16 × (N-1) / 2 pings per node rather than 16 × 16 × (N-1). NPUs without a
+    known address (absent, or their `-ip -g` failed) are left out: their own rows already
+    fail. Ordered peer by peer, so each group of a batch uses distinct NPUs.
+    """
+    if node not in addresses:
+        return []
+    mine = addresses[node]
     return [
-        PingTarget(npu, peer, npu, theirs[npu], hccs)
-        for peer, theirs in addresses.items()
-        if peer != node
+        PingTarget(npu, peer, npu, addresses[peer][npu], hccs)
+        for peer in ping_peers(node, list(addresses))
         for npu in sorted(mine)
-        if npu in theirs
+        if npu in addresses[peer]
     ]

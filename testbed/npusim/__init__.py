@@ -24,6 +24,8 @@ Fault schema (every key optional; NPU ids are logical ids 0..15):
     }
 
 A ping to another host's NPU also fails when that host's faults mark the target
-NPU missing or its link down (peers' faults files are read through the bed map).
+NPU missing or its link down (peers' faults files are read through the bed map), and
+when that host's `ping_loss` names this host or the sending NPU's address: the replies
+are lost on the way back, as on a real lossy path.
 Only get (`-g`) operations are simulated; set operations exit with code 2.
 """

@@ -120,7 +120,10 @@ def ping_replies(ctx: Context, npu: int, address: str, count: int) -> int:
     peer_faults = ctx.faults if peer.name == ctx.host.name else ctx.peer_faults(peer)
     if peer_npu.id in peer_faults.missing_npus or peer_npu.id in peer_faults.link_down:
         return 0
-    return formats.received(count, ctx.faults.loss_to(peer.name, address))
+    mine = ctx.host.npus[npu]
+    source = mine.vnic_ip if address == peer_npu.vnic_ip else mine.ip
+    kept = (1 - ctx.faults.loss_to(peer.name, address)) * (1 - peer_faults.loss_to(ctx.host.name, source))
+    return formats.received(count, 1 - kept)  # loss on the path drops requests one way, replies the other
 
 
 def run_hccn_tool(ctx: Context, argv: Sequence[str]) -> Result:

@@ -6,6 +6,7 @@ Each fault must fail exactly the rows it should: named node, NPU, check (and pee
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -63,8 +64,8 @@ def test_healthy_bed_passes_every_check_on_every_npu(comm, testbed):
     for name in NODES:
         checks = {(r.npu, r.check) for r in report.rows if r.node == name}
         assert {(i, c) for i in NPUS for c in LOCAL} <= checks
-        pings = [r for r in report.rows if r.node == name and r.check in PINGS]
-        assert len(pings) == 16 * 3 * 2 and {r.peer for r in pings} == set(NODES) - {name}
+    pairs = Counter((r.check, frozenset((r.node, r.peer))) for r in report.rows if r.check in PINGS)
+    assert set(pairs.values()) == {16} and len(pairs) == 2 * 6  # each pair of nodes once per NPU and plane
     ip = next(r for r in report.rows if (r.node, r.npu, r.check) == ("node2", 5, "ip"))
     assert ip.detail == f"ipaddr:{testbed.host('node2').npus[5]['ip']}"
     assert report.summary() == f"comm OK: {len(report.rows)} checks on 4 nodes, 0 failed"
@@ -73,9 +74,11 @@ def test_healthy_bed_passes_every_check_on_every_npu(comm, testbed):
 def test_link_down_fails_that_npu_and_every_ping_through_it(comm, testbed_faults):
     testbed_faults.set("node1", {"link_down": [3]})
     report = comm()
-    others = set(NODES) - {"node1"}
-    through = {("node1", 3, c, p) for c in PINGS for p in others} | {(p, 3, c, "node1") for c in PINGS for p in others}
+    through = {r for r in failed(report) if r[2] in PINGS}
     assert failed(report) == {("node1", 3, "link", None)} | through
+    assert sorted((c, *sorted((n, p))) for n, _, c, p in through) == sorted(
+        (c, *sorted(("node1", p))) for p in set(NODES) - {"node1"} for c in PINGS
+    )  # every pair with node1, once per plane
     link = next(r for r in report.failures if r.check == "link")
     assert link.detail == "link status: DOWN"
 
@@ -125,4 +128,4 @@ def test_unreachable_node_is_a_row_and_hides_no_other_result(comm, testbed):
     report = comm(bed_cluster(testbed, extra=[ghost], npus=2))
     assert failed(report) == {("ghost", None, "reach", None)}
     assert "cannot reach 10.213.0.250:22" in report.failures[0].detail
-    assert sum(r.check == "ping" for r in report.rows) == 4 * 3 * 2  # the four live nodes ping each other only
+    assert sum(r.check == "ping" for r in report.rows) == 6 * 2  # the 6 pairs of live nodes, 2 NPUs each

@@ -1,10 +1,10 @@
-"""Cross-node comparisons name the odd node; the ping plan covers every peer NPU once per node."""
+"""Cross-node comparisons name the odd node; the ping plan covers every pair of nodes once."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.comm.cross import consistent, majority, ping_plan
+from tasks.comm.cross import consistent, majority, ping_peers, ping_plan
 from tasks.comm.report import fail, ok
 
 pytestmark = pytest.mark.comm
@@ -47,20 +47,32 @@ def test_rows_already_failed_or_without_value_are_kept():
     assert out == [failed, ok("node0", 3, "tls", "x")]
 
 
-def test_ping_plan_pairs_same_numbered_npus_on_every_peer():
+@pytest.mark.parametrize("n", range(1, 10))
+def test_ping_peers_cover_every_pair_once_and_share_the_sending(n):
+    nodes = [f"node{i}" for i in range(n)]
+    sent = {node: ping_peers(node, nodes) for node in nodes}
+    pairs = [frozenset((node, peer)) for node, peers in sent.items() for peer in peers]
+    assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
+    assert all(node not in peers for node, peers in sent.items())
+    assert {len(p) for p in sent.values()} <= {(n - 1) // 2, n // 2}  # nobody sends more than half
+
+
+def test_ping_plan_pairs_same_numbered_npus_on_the_peers_it_is_given():
     addr = {f"node{n}": {i: f"10.213.{64 + i}.{10 + n}" for i in range(16)} for n in range(4)}
     plan = ping_plan("node1", addr)
-    assert len(plan) == 16 * 3
-    assert {(t.peer, t.npu, t.peer_npu) for t in plan} == {
-        (p, i, i) for p in ("node0", "node2", "node3") for i in range(16)
-    }
-    assert plan[0].address == "10.213.64.10" and plan[0].key == "ping:0:node0"
+    assert list(dict.fromkeys(t.peer for t in plan)) == ["node2", "node3"]
+    assert {(t.peer, t.npu, t.peer_npu) for t in plan} == {(p, i, i) for p in ("node2", "node3") for i in range(16)}
+    assert plan[0].address == "10.213.64.12" and plan[0].key == "ping:0:node2"
     assert [t.npu for t in plan[:16]] == list(range(16))  # a batch group of 16 uses 16 distinct NPUs
+    everyone = {frozenset((node, t.peer)) for node in addr for t in ping_plan(node, addr)}
+    assert len(everyone) == 6
 
 
 def test_npus_without_an_address_are_left_out_on_both_sides():
     addr = {"node0": {i: f"10.0.{i}.10" for i in range(4)}, "node1": {0: "10.0.0.11", 1: "10.0.1.11", 3: "10.0.3.11"}}
     assert [(t.npu, t.peer) for t in ping_plan("node0", addr)] == [(0, "node1"), (1, "node1"), (3, "node1")]
-    hccs = ping_plan("node1", addr, hccs=True)
-    assert [t.key for t in hccs] == ["hccs_ping:0:node0", "hccs_ping:1:node0", "hccs_ping:3:node0"]
+    assert ping_plan("node1", addr) == []  # the pair is node0's to ping
+    hccs = ping_plan("node0", addr, hccs=True)
+    assert [t.key for t in hccs] == ["hccs_ping:0:node1", "hccs_ping:1:node1", "hccs_ping:3:node1"]
     assert ping_plan("node0", {"node0": addr["node0"]}) == []
+    assert ping_plan("node9", addr) == []

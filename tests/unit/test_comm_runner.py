@@ -28,6 +28,7 @@ DATA = Path(__file__).parents[1] / "data" / "comm"
 TOKEN = "recorded0001"
 PORTS = {"service_port": 8000, "rpc_port": 13345}
 BED = layout.bed_map(4, Path("/nonexistent"))
+PINGS = ("ping", "hccs_ping")
 NPU_CHECKS = ("npu_smi", "lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic", "spod_info")
 
 
@@ -151,7 +152,7 @@ def test_healthy_cluster_passes_with_one_script_per_node_per_phase():
     nodes = sim()
     report = run_comm_checks(nodes, cluster(), ServeConfig(), 60)
     assert report.ok and report.failures == ()
-    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 4 * 16 * 3 * 2  # + node 0 ports + ping and hccs_ping
+    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 6 * 16 * 2  # + node 0 ports + both pings of 6 pairs
     assert [t.scripts for t in nodes.values()] == [2, 2, 2, 2]
     assert report.summary() == f"comm OK: {len(report.rows)} checks on 4 nodes, 0 failed"
     assert set(report.phase_seconds) == {"local", "pings"}
@@ -159,11 +160,10 @@ def test_healthy_cluster_passes_with_one_script_per_node_per_phase():
 
 def test_link_down_fails_the_link_and_every_ping_through_it():
     report = run_comm_checks(sim({"node1": {"link_down": [3]}}), cluster(), ServeConfig(), 60)
-    peers = ("node0", "node2", "node3")
-    pings = {(p, 3, c) for p in peers for c in ("ping", "hccs_ping")} | {("node1", 3, c) for c in ("ping", "hccs_ping")}
-    assert failed(report.failures) == {("node1", 3, "link")} | pings
-    from_node1 = [r for r in report.failures if r.node == "node1" and r.check == "ping"]
-    assert sorted(r.peer for r in from_node1) == list(peers)
+    pings = [r for r in report.failures if r.check in PINGS]
+    assert failed(report.failures) == {("node1", 3, "link")} | {(r.node, 3, r.check) for r in pings}
+    with_node1 = sorted((r.check, *sorted((r.node, r.peer))) for r in pings)
+    assert with_node1 == sorted((c, *sorted(("node1", p))) for p in ("node0", "node2", "node3") for c in PINGS)
 
 
 def test_unreachable_node_is_one_row_and_the_others_are_still_checked():
@@ -173,7 +173,7 @@ def test_unreachable_node_is_one_row_and_the_others_are_still_checked():
         ("node3", None, "reach", "node3: cannot reach 10.213.0.13:22 within 2s")
     ]
     assert not [r for r in report.rows if r.peer == "node3"]  # nothing to ping there
-    assert sum(r.check == "ping" for r in report.rows) == 3 * 16 * 2
+    assert sum(r.check == "ping" for r in report.rows) == 3 * 16  # the 3 pairs of the live nodes
 
 
 def test_timeout_and_empty_script_output_are_batch_rows():
@@ -205,17 +205,13 @@ def test_table_rows_are_strings_in_fixed_columns():
 def test_long_plans_run_as_several_scripts_in_turn(monkeypatch):
     monkeypatch.setattr(runner, "MAX_SECTIONS", 40)
     nodes = sim()
-    nodes["node2"].fail_after = 5  # phase 1 takes 4 scripts (150 sections), phase 2 3 (96 pings)
+    nodes["node0"].fail_after = 5  # phase 1 takes 4 scripts (151 sections), phase 2 2 (64 pings)
     report = run_comm_checks(nodes, cluster(), ServeConfig(), 60)
-    assert [t.scripts for t in nodes.values()] == [7, 7, 5, 7]
+    assert [t.scripts for t in nodes.values()] == [5, 6, 5, 5]
     lost = [r for r in report.failures if r.check != "reach"]
-    assert {(r.node, r.check) for r in report.failures} == {
-        ("node2", "reach"),
-        ("node2", "ping"),
-        ("node2", "hccs_ping"),
-    }
-    assert len(lost) == 96 - 40 and all(r.detail.endswith(": no output") for r in lost)
-    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 4 * 16 * 3 * 2 + 1  # every row still there, + node2's reach
+    assert {(r.node, r.check) for r in report.failures} == {("node0", "reach"), ("node0", "hccs_ping")}
+    assert len(lost) == 64 - 40 and all(r.detail.endswith(": no output") for r in lost)
+    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 6 * 16 * 2 + 1  # every row still there, + node0's reach
 
 
 def test_a_node_without_transport_is_a_programming_error():

@@ -143,6 +143,19 @@ def test_ping_succeeds_between_hosts_unless_a_fault_says_otherwise() -> None:
     assert ping_replies(ctx(peers=peer_down), 0, BED.host("node2").npus[1].ip, 3) == 3
 
 
+def test_loss_on_the_peer_side_drops_the_replies() -> None:
+    mine, peer = BED.host("node0").npus[4], BED.host("node2").npus[4]
+    lossy_back = {"node2": Faults.parse('{"ping_loss": ["node0"]}')}
+    assert ping_replies(ctx(peers=lossy_back), 4, peer.ip, 3) == 0
+    assert ping_replies(ctx(peers=lossy_back), 4, BED.host("node1").npus[4].ip, 3) == 3
+    one_address = {"node2": Faults.parse(json.dumps({"ping_loss": {mine.vnic_ip: 0.34}}))}
+    assert ping_replies(ctx(peers=one_address), 4, peer.vnic_ip, 3) == 2  # the vNIC plane only
+    assert ping_replies(ctx(peers=one_address), 4, peer.ip, 3) == 3
+    both_ways = Faults.parse('{"ping_loss": {"node2": 0.5}}')
+    half_back = {"node2": Faults.parse('{"ping_loss": {"node0": 0.5}}')}
+    assert ping_replies(ctx(faults=both_ways, peers=half_back), 4, peer.ip, 4) == 1  # 1/2 × 1/2 arrive
+
+
 def test_hccs_ping_follows_the_tool_printf_layout() -> None:
     target = BED.host("node3").npus[7].vnic_ip
     out = hccn("-i", "7", "-hccs_ping", "-g", "address", target, "cnt", "4").out
