@@ -14,6 +14,7 @@ from prefect.logging import get_run_logger
 
 from blocks.cluster import ClusterConfig
 from blocks.image import ImageConfig
+from k3deploy.errors import TransportError
 from tasks.image import build as building
 from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
@@ -69,18 +70,24 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
 
     with open_transports(cluster) as transports:
         builder = transports[host]
-        checkout = builder.run(building.checkout_command(build), timeout=1800).check()
-        source, vllm_commit = building.parse_checkout(checkout.stdout)
-        logger.info("%s: vllm-ascend %s at %s, VLLM_COMMIT %s", host, build.repo_url, source, vllm_commit)
-        builder.run(building.build_command(build, vllm_commit, source), timeout=4 * 3600, on_output=show).check()
-        digest = None
-        if build.push_repository:
-            pushed = builder.run(building.push_commands(build.tag, build.push_repository), timeout=3600).check()
-            found = DIGEST.findall(pushed.stdout + pushed.stderr)
-            if not found:
-                raise ImageError(host, f"pushed {build.tag} to {build.push_repository} but the engine named no digest")
-            digest = found[-1]
-        builder.run(building.cleanup_command(build), timeout=600)
+        try:
+            checkout = builder.run(building.checkout_command(build), timeout=1800).check()
+            source, vllm_commit = building.parse_checkout(checkout.stdout)
+            logger.info("%s: vllm-ascend %s at %s, VLLM_COMMIT %s", host, build.repo_url, source, vllm_commit)
+            builder.run(building.build_command(build, vllm_commit, source), timeout=4 * 3600, on_output=show).check()
+            digest = None
+            if build.push_repository:
+                pushed = builder.run(building.push_commands(build.tag, build.push_repository), timeout=3600).check()
+                found = DIGEST.findall(pushed.stdout + pushed.stderr)
+                if not found:
+                    what = f"pushed {build.tag} to {build.push_repository} but the engine named no digest"
+                    raise ImageError(host, what)
+                digest = found[-1]
+        finally:  # a failed build must not leave its checkout behind either
+            try:
+                builder.run(building.cleanup_command(build), timeout=600).check()
+            except TransportError as exc:
+                logger.warning("%s: could not remove the checkout %s: %s", host, building.work_dir(build), exc)
     with docker_clients(cluster) as clients:
         built = inspect(clients[host], host, build.tag)
         others = {n: c for n, c in clients.items() if n != host}

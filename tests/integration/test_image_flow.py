@@ -137,3 +137,25 @@ def test_image_built_from_a_vllm_ascend_revision_reaches_every_node(prefect_serv
     )
     assert inside.decode().strip() == vllm_commit  # the build argument came from the checkout's file
     assert node0.run("ls /var/tmp/k3deploy-build", 30).stdout.strip() == ""  # the checkout was cleaned up
+
+
+def test_a_failed_build_names_the_build_host_and_leaves_no_checkout(prefect_server, testbed, engines, tmp_path):
+    node0 = engines["transports"]["node0"]
+    src = "/srv/src/vllm-ascend-broken"
+    dockerfile = f"FROM {testbed.image_ref_by_digest}\\nRUN exit 7\\n"
+    script = " && ".join(
+        [
+            f"rm -rf {src} && mkdir -p {src}/.github && cd {src} && git init -q",
+            f"printf {shlex.quote(dockerfile)} > Dockerfile.a3",
+            "echo 0123456789abcdef0123456789abcdef01234567 > .github/vllm-main-verified.commit",
+            "git add -A && git -c user.name=k3 -c user.email=k3@test commit -qm v1",
+        ]
+    )
+    node0.run(script, 60).check()
+    try:
+        with pytest.raises(K3DeployError, match="node0: command exited") as failed:
+            run_image(tmp_path, testbed, image__build={"repo_url": src, "revision": "HEAD", "tag": "k3test/built:1"})
+    finally:
+        node0.run(f"rm -rf {src}", 30)
+    assert "build" in str(failed.value)
+    assert node0.run("ls -A /var/tmp/k3deploy-build", 30).stdout.strip() == ""  # removed although the build failed
