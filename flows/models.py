@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from blocks.deployment import DeploymentConfig
 from blocks.loader import load_config
 from k3deploy.errors import K3DeployError
-from tasks.models.checks import DOCUMENTS, space_problems
+from tasks.models.checks import space_problems
 from tasks.models.outcome import CheckpointOutcome, ModelsOutcome, content_findings, files_to_fetch, space_needs
 from tasks.models.steps import (
     Checkpoint,
@@ -78,7 +78,7 @@ def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any
             c.role,
             c.path,
             listings[c.role],
-            verify_checkpoint(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role], read=DOCUMENTS),
+            verify_checkpoint(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role]),
         )
         for c in wanted
     }
@@ -88,7 +88,7 @@ def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any
         for c in wanted:
             if any(to_fetch[c.role].values()):
                 outcomes[c.role].fetched = fetch_checkpoint(
-                    cfg.cluster, cfg.models, c, listings[c.role], to_fetch[c.role], read=DOCUMENTS
+                    cfg.cluster, cfg.models, c, listings[c.role], to_fetch[c.role]
                 )
     if cfg.cluster.model_root_shared:
         for c in wanted:

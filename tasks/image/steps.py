@@ -18,7 +18,8 @@ from k3deploy.errors import TransportError
 from tasks.image import build as building
 from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
-from tasks.transport.factory import docker_clients, on_every_node, open_transports
+from tasks.transport.base import on_every_node
+from tasks.transport.factory import docker_clients, open_transports
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

@@ -20,7 +20,8 @@ from tasks.launch.logwatch import LogWatcher, load_patterns
 from tasks.launch.monitor import Failure, LaunchMonitor
 from tasks.launch.readiness import Probe, burst, probe
 from tasks.render import Plan
-from tasks.transport.factory import docker_clients, on_every_node
+from tasks.transport.base import on_every_node
+from tasks.transport.factory import docker_clients
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 

@@ -66,13 +66,6 @@ def sha256_file(path: Path, chunk: int = CHUNK) -> str:
     return hasher.hexdigest()
 
 
-def git_blob_sha1(path: Path) -> str:
-    hasher = hashlib.sha1()
-    hasher.update(f"blob {path.stat().st_size}\0".encode())
-    _feed(path, hasher)
-    return hasher.hexdigest()
-
-
 def _mismatch(expected: Any, actual: str) -> str:
     kind, want = ("sha256", expected.sha256) if expected.sha256 else ("git blob id", expected.git_blob)
     return "" if actual == want else f"{kind} {actual} does not match the hub's {want}"
@@ -411,7 +404,3 @@ def main(raw: bytes) -> int:
         result = {"op": job.get("op"), "error": f"{type(err).__name__}: {err}"}
     print(json.dumps(result), flush=True)
     return 0 if "error" not in result else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.stdin.buffer.read()))

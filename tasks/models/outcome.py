@@ -9,7 +9,6 @@ from typing import Any
 
 from blocks.models import DraftSpec
 from tasks.models.checks import (
-    DOCUMENTS,
     QUANT_DESCRIPTION,
     Finding,
     SpaceNeed,
@@ -89,7 +88,7 @@ class CheckpointOutcome:
         merged: dict[str, str] = {}
         for report in [*self.verified.values(), *self.fetched.values()]:
             merged |= report.documents
-        return {k: v for k, v in merged.items() if k in DOCUMENTS}
+        return merged
 
     def config(self) -> dict[str, Any]:
         try:

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3deploy.errors import K3DeployError, TransportError
+from k3deploy.errors import K3DeployError
 from tasks.models import node_agent
 from tasks.models.listing import Listing
 from tasks.models.node_agent import FileCheck, Manifest
-from tasks.transport.base import CommandResult, OutputCallback, Transport, run_all
+from tasks.transport.base import CommandResult, OutputCallback, Transport, on_every_node
 
 AGENT_SOURCE = Path(node_agent.__file__).read_bytes()
 SEPARATOR = b"\n#k3deploy-job\n"
@@ -171,23 +171,13 @@ def run_agent(
     python: str,
     jobs: Mapping[str, bytes],
     timeout: float,
+    what: str,
     on_output: OutputCallback | None = None,
-) -> dict[str, NodeReport | K3DeployError]:
-    """Run one job per node in parallel; each node's report, or the error that names it."""
-    results = run_all(
-        {n: transports[n] for n in jobs},
-        agent_command(python),
-        timeout,
-        on_output,
-        stdin={n: agent_input(b) for n, b in jobs.items()},
-    )
-    out: dict[str, NodeReport | K3DeployError] = {}
-    for node, result in results.items():
-        if isinstance(result, TransportError):
-            out[node] = result
-            continue
-        try:
-            out[node] = parse_result(node, result)
-        except NodeAgentError as err:
-            out[node] = err
-    return out
+) -> dict[str, NodeReport]:
+    """Run one job per node in parallel; each node's report, or one error naming every node that failed."""
+    command = agent_command(python)
+
+    def one(node: str, transport: Transport) -> NodeReport:
+        return parse_result(node, transport.run(command, timeout, on_output, stdin=agent_input(jobs[node])))
+
+    return on_every_node({n: transports[n] for n in jobs}, one, what)

@@ -16,7 +16,7 @@ from prefect.logging import get_run_logger
 
 from blocks.cluster import ClusterConfig
 from blocks.models import CheckpointSpec, ModelsConfig
-from k3deploy.errors import K3DeployError
+from tasks.models.checks import DOCUMENTS
 from tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
 from tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
 from tasks.transport.factory import open_transports
@@ -104,13 +104,6 @@ def _progress_reporter(title: str) -> ProgressBoard:
     return ProgressBoard(report)
 
 
-def _reports(results: Mapping[str, NodeReport | K3DeployError], what: str) -> dict[str, NodeReport]:
-    errors = [str(r) for r in results.values() if isinstance(r, K3DeployError)]
-    if errors:
-        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
-    return dict(results)  # type: ignore[arg-type]
-
-
 @task(name="stat checkpoint", cache_policy=NO_CACHE)
 def stat_checkpoint(
     cluster: ClusterConfig, models: ModelsConfig, checkpoint: Checkpoint, listing: Listing, nodes: list[str]
@@ -118,8 +111,8 @@ def stat_checkpoint(
     """Sizes and mtimes on each node (the cache key of the verification), bytes missing, free space."""
     body = job("stat", checkpoint.path, listing)
     with open_transports(cluster) as transports:
-        results = run_agent(transports, models.node_python, dict.fromkeys(nodes, body), timeout=300)
-    return _reports(results, f"looking at {checkpoint.role} {checkpoint.path}")
+        what = f"looking at {checkpoint.role} {checkpoint.path}"
+        return run_agent(transports, models.node_python, dict.fromkeys(nodes, body), 300, what)
 
 
 @task(name="verify checkpoint", cache_key_fn=_verify_key, persist_result=True)
@@ -129,14 +122,13 @@ def verify_checkpoint(
     checkpoint: Checkpoint,
     listing: Listing,
     stats: dict[str, NodeReport],
-    read: tuple[str, ...] = (),
 ) -> dict[str, NodeReport]:
     """Hash on every node whatever its manifest cannot vouch for; the nodes write their manifests."""
     board = _progress_reporter(f"verifying {checkpoint.role} {checkpoint.repo}")
-    jobs = dict.fromkeys(stats, job("verify", checkpoint.path, listing, threads=models.threads, read=read))
+    jobs = dict.fromkeys(stats, job("verify", checkpoint.path, listing, threads=models.threads, read=DOCUMENTS))
+    what = f"verifying {checkpoint.role} {checkpoint.path}"
     with open_transports(cluster) as transports:
-        results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
-    return _reports(results, f"verifying {checkpoint.role} {checkpoint.path}")
+        return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)
 
 
 @task(name="fetch checkpoint", cache_policy=NO_CACHE)
@@ -146,17 +138,16 @@ def fetch_checkpoint(
     checkpoint: Checkpoint,
     listing: Listing,
     wanted: dict[str, list[str]],
-    read: tuple[str, ...] = (),
 ) -> dict[str, NodeReport]:
     """Download only the missing or bad files, each node its own list, resuming what an earlier run left."""
     urls = download_urls(models.hub, listing, checkpoint.revision, models.hub_endpoint)
-    extra: dict[str, Any] = {"headers": auth_headers(models.hub_token), "read": read}
+    extra: dict[str, Any] = {"headers": auth_headers(models.hub_token), "read": DOCUMENTS}
     jobs = {
         node: job("fetch", checkpoint.path, listing, threads=models.threads, urls=urls, fetch=paths, **extra)
         for node, paths in wanted.items()
         if paths
     }
     board = _progress_reporter(f"downloading {checkpoint.role} {checkpoint.repo}")
+    what = f"downloading {checkpoint.role} {checkpoint.repo}"
     with open_transports(cluster) as transports:
-        results = run_agent(transports, models.node_python, jobs, models.timeout_s, board.on_output)
-    return _reports(results, f"downloading {checkpoint.role} {checkpoint.repo}")
+        return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)

@@ -6,9 +6,9 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from k3deploy.errors import CommandFailed, TransportError
+from k3deploy.errors import CommandFailed, K3DeployError, TransportError
 
 Command = str | Sequence[str]
 OutputCallback = Callable[[str, str, str], None]
@@ -17,6 +17,8 @@ OutputCallback = Callable[[str, str, str], None]
 KILL_GRACE_S = 3
 TIMEOUT_EXIT_CODES = (124, 137)  # coreutils timeout: TERM → 124, KILL after the grace → 137
 MAX_CAPTURE = 8 * 1024 * 1024  # per stream; longer output keeps its tail
+C = TypeVar("C")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -133,3 +135,18 @@ def run_all(
     with ThreadPoolExecutor(max_workers=max(1, len(per_node))) as pool:
         futures = {name: pool.submit(one, name) for name in per_node}
         return {name: future.result() for name, future in futures.items()}
+
+
+def on_every_node(clients: Mapping[str, C], fn: Callable[[str, C], T], what: str) -> dict[str, T]:
+    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
+    with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
+        futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
+    results, errors = {}, []
+    for node, future in futures.items():
+        try:
+            results[node] = future.result()
+        except K3DeployError as err:
+            errors.append(str(err))
+    if errors:
+        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
+    return results

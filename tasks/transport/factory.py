@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Iterator
 
 import docker
 
 from blocks.cluster import ClusterConfig
-from k3deploy.errors import K3DeployError
 from tasks.transport.base import Transport
 from tasks.transport.docker_api import docker_client
 from tasks.transport.local import LocalTransport
 from tasks.transport.ssh import SSHTransport
-
-C = TypeVar("C")
-T = TypeVar("T")
 
 
 def transports_for(cluster: ClusterConfig) -> dict[str, Transport]:
@@ -67,18 +61,3 @@ def docker_clients(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerCl
             for client in clients.values():
                 with contextlib.suppress(Exception):
                     client.close()
-
-
-def on_every_node(clients: Mapping[str, C], fn: Callable[[str, C], T], what: str) -> dict[str, T]:
-    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
-    with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
-        futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
-    results, errors = {}, []
-    for node, future in futures.items():
-        try:
-            results[node] = future.result()
-        except K3DeployError as err:
-            errors.append(str(err))
-    if errors:
-        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
-    return results

@@ -35,7 +35,8 @@ def fetch_all(server: HubServer, hub_name: str, root: Path):
     listing = lister(REPO, "main", server.url, None)
     urls = download_urls(hub_name, listing, "main", server.url)
     body = job("fetch", str(root), listing, urls=urls, fetch=[f.path for f in listing.files])
-    return listing, run_agent({"local": LocalTransport("local")}, sys.executable, {"local": body}, 60)["local"]
+    reports = run_agent({"local": LocalTransport("local")}, sys.executable, {"local": body}, 60, "fetching")
+    return listing, reports["local"]
 
 
 @pytest.mark.parametrize("hub_name", ["huggingface", "modelscope"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.models.listing import Listing, RemoteFile, ms_file
-from tasks.models.node_agent import CHUNK, check_file, git_blob_sha1, sha256_file, verify_checkpoint
+from tasks.models.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
 
 pytestmark = pytest.mark.models
 
@@ -28,7 +28,9 @@ def test_git_blob_id_matches_git(tmp_path: Path):
     path = tmp_path / "config.json"
     path.write_bytes(b'{"hidden_size": 64}\n')
     expected = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True)
-    assert git_blob_sha1(path) == expected.stdout.strip()
+    blob = expected.stdout.strip()
+    assert check_file(tmp_path, RemoteFile("config.json", path.stat().st_size, None, blob)).ok
+    assert "does not match the hub's" in check_file(tmp_path, RemoteFile("config.json", 20, None, "0" * 40)).problem
 
 
 def test_check_file_says_what_is_wrong(tmp_path: Path):
