@@ -28,7 +28,8 @@ from blocks.cluster import ClusterConfig, NodeSpec
 from blocks.serve import ServeConfig
 from tasks.comm import CommReport, ToolPaths, run_comm_checks
 from tasks.comm.runner import phase1_sections
-from tasks.transport import run_all, transports_for
+from tasks.transport import run_all
+from tasks.transport.factory import open_transports
 from testbed.layout import BedState, load_state, resolve_state_file
 
 TIMEOUT_S = 600
@@ -58,8 +59,7 @@ def measure(
     state: BedState, count: int, repeat: int, hccs: bool, parallel: int, limits: HostCpuLimits | None
 ) -> dict[str, Any]:
     cluster = cluster_of(state, count)
-    transports = transports_for(cluster)
-    try:
+    with open_transports(cluster) as transports:
         cold = time.perf_counter()
         run_all(transports, "true", timeout=30)  # connect once; the stage reuses connections the same way
         cold = time.perf_counter() - cold
@@ -71,9 +71,6 @@ def measure(
             wall, cpu, own = time.perf_counter() - wall, busy_seconds() - cpu, time.process_time() - own
             busiest = max((v - hosts[k] for k, v in limits.usage().items()), default=0.0) if limits else None
             runs.append((wall, cpu, report, own, busiest))
-    finally:
-        for t in transports.values():
-            t.close()
     wall, cpu, report, own, busiest = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median run
     return {
         "rows": len(report.rows),

@@ -58,8 +58,12 @@ class PingTarget:
     hccs: bool = False
 
     @property
+    def check(self) -> str:
+        return "hccs_ping" if self.hccs else "ping"
+
+    @property
     def key(self) -> str:
-        return f"{'hccs_ping' if self.hccs else 'ping'}:{self.npu}:{self.peer}"
+        return f"{self.check}:{self.npu}:{self.peer}"
 
 
 def ping_peers(node: str, nodes: Sequence[str]) -> list[str]:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tasks.transport.base import TIMEOUT_EXIT_CODES
+
 Verdict = Literal["ok", "fail"]
 
 # Check names, in the order rows are shown for one NPU (the vLLM-Ascend guide's order).
@@ -62,7 +64,7 @@ def outcome(rc: int | None) -> str:
     """How a tool call ended, in words: `exited 255`, `timed out` (its section's timeout), `did not finish`."""
     if rc is None:
         return "did not finish"
-    return "timed out" if rc in (124, 137) else f"exited {rc}"
+    return "timed out" if rc in TIMEOUT_EXIT_CODES else f"exited {rc}"
 
 
 def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:

@@ -130,10 +130,9 @@ def interpret_phase2(node: str, targets: list[PingTarget], outputs: Mapping[str,
     """One ping / hccs_ping row per target (a target with no output fails as cut short)."""
     rows = []
     for t in targets:
-        check = "hccs_ping" if t.hccs else "ping"
         got = outputs.get(t.key)
         if got is None:
-            rows.append(fail(node, t.npu, check, f"to {t.peer} NPU {t.peer_npu} {t.address}: no output", t.peer))
+            rows.append(fail(node, t.npu, t.check, f"to {t.peer} NPU {t.peer_npu} {t.address}: no output", t.peer))
             continue
         rows += nc.parse_ping(
             node, t.npu, got.text, got.rc, peer=t.peer, peer_npu=t.peer_npu, address=t.address, hccs=t.hccs
