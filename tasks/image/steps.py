@@ -94,13 +94,15 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
         others = {n: c for n, c in clients.items() if n != host}
         if digest is not None:
             pinned = f"{build.push_repository}@{digest}"
-            copies = on_every_node(
-                others, lambda node, client: pull(client, node, pinned, image.registry), "the image stage"
-            )
+
+            def copy(node: str, client: docker.DockerClient) -> NodeImage:
+                return pull(client, node, pinned, image.registry)
         else:
-            copies = on_every_node(
-                others, lambda node, client: _copy(clients[host], client, node, build.tag), "the image stage"
-            )
+
+            def copy(node: str, client: docker.DockerClient) -> NodeImage:
+                return _copy(clients[host], client, node, build.tag)
+
+        copies = on_every_node(others, copy, "the image stage")
     return {host: built, **copies}, source, vllm_commit, digest
 
 
@@ -121,7 +123,7 @@ def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
 def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[ImageFinding]]:
     """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0."""
     node = cluster.nodes[0].name
-    with docker_clients(cluster) as clients:
+    with docker_clients(cluster, only=[node]) as clients:
         client = clients[node]
         _, shown = run_in_image(client, node, image_id, PIP_SHOW)
         code, help_text = run_in_image(client, node, image_id, SERVE_HELP)

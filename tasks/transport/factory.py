@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import docker
 
@@ -47,12 +47,17 @@ def open_transports(cluster: ClusterConfig) -> Iterator[dict[str, Transport]]:
 
 
 @contextlib.contextmanager
-def docker_clients(cluster: ClusterConfig) -> Iterator[dict[str, docker.DockerClient]]:
-    """A docker client per node: over the pinned SSH connection, or this machine's engine for `local`."""
+def docker_clients(
+    cluster: ClusterConfig, only: Collection[str] | None = None
+) -> Iterator[dict[str, docker.DockerClient]]:
+    """A docker client per node (or per node in `only`): over the pinned SSH connection, or this
+    machine's engine for `local`."""
     clients: dict[str, docker.DockerClient] = {}
     with open_transports(cluster) as transports:
         try:
             for name, transport in transports.items():
+                if only is not None and name not in only:
+                    continue
                 clients[name] = (
                     docker_client(transport) if isinstance(transport, SSHTransport) else docker.from_env(timeout=120)
                 )
