@@ -22,6 +22,14 @@ class ConfigError(K3DeployError):
         super().__init__("invalid configuration\n  " + "\n  ".join(lines))
 
 
+class NodeError(K3DeployError):
+    """Something went wrong on one node; the message starts with the node's name."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"{node}: {message}")
+        self.node = node
+
+
 class TransportError(K3DeployError):
     """A node could not be reached or talked to."""
 

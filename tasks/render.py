@@ -13,6 +13,8 @@ from blocks.deployment import DeploymentConfig
 from blocks.serve import DERIVED_ENV
 
 LABEL_PREFIX = "k3deploy"
+CONFIG_LABEL = f"{LABEL_PREFIX}.config"  # the fingerprint of the config a container runs
+RUN_LABEL = f"{LABEL_PREFIX}.run"
 
 
 @dataclass(frozen=True)
@@ -188,12 +190,12 @@ def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None)
     settings, node = cfg.serve.container, cfg.cluster.nodes[index]
     root = cfg.cluster.model_root
     labels = {
-        f"{LABEL_PREFIX}.config": cfg.fingerprint(),
+        CONFIG_LABEL: cfg.fingerprint(),
         f"{LABEL_PREFIX}.node": node.name,
         f"{LABEL_PREFIX}.dp-rank": str(index * cfg.serve.data_parallel_size_local),
     }
     if run_id is not None:
-        labels[f"{LABEL_PREFIX}.run"] = run_id
+        labels[RUN_LABEL] = run_id
     return ContainerSpec(
         name=settings.name,
         image=cfg.image.pinned_ref,

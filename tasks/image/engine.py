@@ -12,17 +12,13 @@ import docker.errors
 import requests
 
 from blocks.image import RegistryAuth
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import NodeError
 
 PROBE_LABEL = "k3deploy.probe"
 
 
-class ImageError(K3DeployError):
+class ImageError(NodeError):
     """An image could not be pulled, found, built or run on a node."""
-
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"{node}: {message}")
-        self.node = node
 
 
 @dataclass(frozen=True)

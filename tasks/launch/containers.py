@@ -10,20 +10,12 @@ from typing import Any
 import docker
 import docker.errors
 
-from k3deploy.errors import K3DeployError
-from tasks.render import LABEL_PREFIX, ContainerSpec
-
-CONFIG_LABEL = f"{LABEL_PREFIX}.config"
-RUN_LABEL = f"{LABEL_PREFIX}.run"
-NODE_LABEL = f"{LABEL_PREFIX}.node"
+from k3deploy.errors import NodeError
+from tasks.render import CONFIG_LABEL, RUN_LABEL, ContainerSpec
 
 
-class LaunchError(K3DeployError):
+class LaunchError(NodeError):
     """A container could not be started, or one is in the way."""
-
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"{node}: {message}")
-        self.node = node
 
 
 def run_kwargs(spec: ContainerSpec) -> dict[str, Any]:

@@ -52,7 +52,6 @@ class LinePattern:
     regex: re.Pattern[str]
     capture: str | None = None
     why: str | None = None
-    example: str | None = None
 
     def value(self, match: re.Match[str]) -> str | None:
         return match.group(self.capture) if self.capture else None
@@ -66,7 +65,6 @@ class Patterns:
     milestones: tuple[LinePattern, ...]
     prefilter: re.Pattern[str] | None  # None when no pattern has a usable required literal
     unanchored: tuple[LinePattern, ...]  # patterns without one: searched on every line
-    source: str = "<patterns>"
 
     @cached_property
     def all(self) -> tuple[LinePattern, ...]:
@@ -132,7 +130,7 @@ def compile_patterns(data: Any, source: str = "<patterns>") -> Patterns:
         else:
             anchors += literals
     prefilter = re.compile(_trie(anchors)) if anchors else None
-    return Patterns(fatal, milestones, prefilter, tuple(unanchored), source)
+    return Patterns(fatal, milestones, prefilter, tuple(unanchored))
 
 
 def _compile_entry(
@@ -175,7 +173,7 @@ def _compile_entry(
         problems.append((f"{where}.example", "does not match its own pattern"))
     if len(problems) > before:
         return None
-    return LinePattern(kind, ident, regex, capture, entry.get("why"), example)
+    return LinePattern(kind, ident, regex, capture, entry.get("why"))
 
 
 def required_literals(regex: re.Pattern[str]) -> list[str] | None:

@@ -64,7 +64,6 @@ class LaunchMonitor:
         self.buffers: dict[str, LogBuffer] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
         self._log_threads: dict[str, threading.Thread] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -79,7 +78,6 @@ class LaunchMonitor:
         logs = threading.Thread(target=self._follow_logs, args=(node, rank, client, container_id), daemon=True)
         waits = threading.Thread(target=self._wait_exit, args=(node, rank, client, container_id), daemon=True)
         self._log_threads[node] = logs
-        self._threads += [logs, waits]
         logs.start()
         waits.start()
 

@@ -114,7 +114,7 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
         finally:
             monitor.stop()
             record.milestones = watcher.milestone_rows(t0)
-            record.log_files = {node: str(monitor.log_dir / f"{node}.log") for node in monitor.buffers}
+            record.log_files = {node: str(buffer.path) for node, buffer in monitor.buffers.items()}
             publish_launch_artifacts(record, {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()})
     return record
 

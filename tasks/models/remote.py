@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import NodeError
 from tasks.models import node_agent
 from tasks.models.listing import Listing
 from tasks.models.node_agent import FileCheck, Manifest
@@ -27,12 +27,8 @@ LOADER = (
 )
 
 
-class NodeAgentError(K3DeployError):
+class NodeAgentError(NodeError):
     """The agent could not run on a node, or said something we cannot read."""
-
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"{node}: {message}")
-        self.node = node
 
 
 def agent_command(python: str) -> list[str]:
