@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import hostfs, layout, netns, procs, registry, userssh
 from .hostfs import HostPaths
+from .npusim.model import NPUS_PER_HOST
 from .procs import BedError
 from .standin import image as standin_image
 
@@ -61,10 +62,12 @@ def check_prerequisites() -> None:
         raise BedError(f"missing: {', '.join(missing)}; install: apt-get install -y {APT_PACKAGES}")
 
 
-def _keypair(state_dir: Path) -> tuple[Path, str]:
+def _keypair(state_dir: Path) -> Path:
+    """The bed key, authorised on every host (their sshd configs all point at one authorized_keys)."""
     key = state_dir / "id_ed25519"
     procs.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "k3deploy-testbed", "-f", str(key)])
-    return key, (state_dir / "id_ed25519.pub").read_text()
+    (state_dir / "authorized_keys").write_text((state_dir / "id_ed25519.pub").read_text())
+    return key
 
 
 def _write_ssh_files(state_dir: Path, paths: list[HostPaths]) -> tuple[Path, Path, list[str]]:
@@ -112,10 +115,12 @@ def _up(count: int, sdir: Path, state_file: Path, user_ssh: bool, log: Log) -> l
     (sdir / MARKER).write_text("created by python -m testbed up; removed by python -m testbed down\n")
     ACTIVE.write_text(str(sdir) + "\n")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-    key, pub = _keypair(sdir)
+    key = _keypair(sdir)
     bed = layout.bed_map(count, sdir)
+    bed_json = json.dumps(bed.to_json(), indent=1) + "\n"
     (sdir / "npu-sim").mkdir(exist_ok=True)
-    (sdir / "npu-sim" / "bed.json").write_text(json.dumps(bed.to_json(), indent=1) + "\n")
+    (sdir / "npu-sim" / "bed.json").write_text(bed_json)
+    (sdir / "empty").touch()  # masks root's dotfiles on every host
     usrlocal = hostfs.install_simulators(sdir, bed)
     devices = hostfs.make_devices(sdir)
     hostfs.prepare_ns_dir(sdir)
@@ -127,7 +132,7 @@ def _up(count: int, sdir: Path, state_file: Path, user_ssh: bool, log: Log) -> l
     daemons: dict[str, tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]] = {}
 
     def start(p: HostPaths) -> None:
-        hostfs.prepare_host(p, count, bed, pub)
+        hostfs.prepare_host(p, count, bed, bed_json)
         hostfs.create_namespaces(p, usrlocal, devices)
         daemons[p.name] = (hostfs.start_sshd(p), hostfs.start_podman(p))
 
@@ -173,7 +178,7 @@ def _up(count: int, sdir: Path, state_file: Path, user_ssh: bool, log: Log) -> l
             "versions": image.versions,
             "rootfs_bytes": image.size,
         },
-        npu_sim={"bed_map": str(sdir / "npu-sim" / "bed.json"), "npus_per_host": 16},
+        npu_sim={"bed_map": str(sdir / "npu-sim" / "bed.json"), "npus_per_host": NPUS_PER_HOST},
         hosts=[_host_state(p, {"sshd": daemons[p.name][0].pid, "podman": daemons[p.name][1].pid}) for p in paths],
     )
     layout.write_state(state)
@@ -217,7 +222,7 @@ def down(state_dir: Path | None = None, log: Log = _quiet) -> list[str]:
 
 def _drop_stale_leases(sdir: Path) -> None:
     """The pytest plugin's lease folder, once no live session holds or waits on it."""
-    leases = sdir.parent / f"{sdir.name}.leases"
+    leases = layout.leases_dir(sdir)
     if not (leases / ".lock").exists():
         return
     with (leases / ".lock").open("w") as fh:
@@ -225,7 +230,7 @@ def _drop_stale_leases(sdir: Path) -> None:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return
-        if not any(Path("/proc", p.name).exists() for p in leases.glob("[0-9]*")):
+        if not layout.live_leases(leases):
             shutil.rmtree(leases, ignore_errors=True)
 
 
@@ -244,17 +249,6 @@ def health(state: layout.BedState) -> list[str]:
         if procs.http_ok(layout.BRIDGE_IP, layout.REGISTRY_PORT, "/v2/"):
             return problems
     return [*problems, f"registry {layout.REGISTRY} not answering"]
-
-
-def _ancestors() -> set[int]:
-    pid, seen = os.getpid(), set()
-    while pid > 1 and pid not in seen:
-        seen.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return seen
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -276,7 +270,7 @@ def _down(sdir: Path, log: Log) -> list[str]:
     ns_files += sorted((sdir / "ns").glob("*.mnt")) + sorted((sdir / "ns").glob("*.uts"))
     inodes = [i for i in (procs.ns_inode(f) for f in ns_files) if i is not None]
     marks = [str(registry.config_path(sdir)), f"unix://{sdir}/hosts/", f"--root {sdir}/build/"]
-    pids = [p for p in procs.bed_pids(inodes, marks) if p not in _ancestors()]
+    pids = procs.bed_pids(inodes, marks)
     if pids:
         log(f"stopping {len(pids)} processes")
         problems += [f"process {p} survived SIGKILL" for p in procs.kill_pids(pids)]

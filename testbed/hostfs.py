@@ -30,7 +30,7 @@ from pathlib import Path
 
 from . import layout
 from .npusim import formats
-from .npusim.model import BedMap
+from .npusim.model import NPUS_PER_HOST, BedMap
 from .procs import CLEAN_ENV, BedError, run, spawn
 
 RC_FILES = (".bashrc", ".profile", ".bash_profile", ".bash_login")
@@ -139,7 +139,7 @@ def make_devices(state_dir: Path) -> Path:
     """
     dev = state_dir / "common" / "dev"
     dev.mkdir(parents=True, exist_ok=True)
-    names = [f"davinci{i}" for i in range(16)] + ["davinci_manager", "devmm_svm", "hisi_hdc"]
+    names = [f"davinci{i}" for i in range(NPUS_PER_HOST)] + ["davinci_manager", "devmm_svm", "hisi_hdc"]
     for name in names:
         os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         os.chmod(dev / name, 0o666)
@@ -178,7 +178,7 @@ def _hosts_file(index: int, count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare_host(p: HostPaths, count: int, bed: BedMap, public_key: str) -> None:
+def prepare_host(p: HostPaths, count: int, bed: BedMap, bed_json: str) -> None:
     """Create the host's folders, its /etc upper layer, host key and sshd config."""
     for d in (p.etc_up / "containers", p.etc_up / "npu-sim", p.etc_wk, p.usr_up, p.usr_wk, p.srv / "models"):
         d.mkdir(parents=True, exist_ok=True)
@@ -200,7 +200,7 @@ def prepare_host(p: HostPaths, count: int, bed: BedMap, public_key: str) -> None
         f'[storage]\ndriver = "overlay"\ngraphroot = "{p.storage}"\nrunroot = "{p.runroot}"\n'
     )
     (etc / "containers" / "registries.conf").write_text(_registries_conf())
-    (p.npu_sim / "bed.json").write_text((p.state_dir / "npu-sim" / "bed.json").read_text())
+    (p.npu_sim / "bed.json").write_text(bed_json)
     (p.npu_sim / "faults.json").write_text("{}\n")
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"k3tb-{p.name}", "-f", str(p.host_key)])
     p.sshd_config.write_text(
@@ -226,13 +226,11 @@ SetEnv DOCKER_HOST=unix://{p.podman_sock}
 Subsystem sftp internal-sftp
 """
     )
-    (p.state_dir / "authorized_keys").write_text(public_key)
 
 
 def create_namespaces(p: HostPaths, usrlocal: Path, devices: Path) -> None:
     """Make the host's persistent mount + UTS namespaces and its private mounts."""
-    empty = p.state_dir / "empty"
-    empty.touch()
+    empty = p.state_dir / "empty"  # created once by `up`
     for ns_file in (p.mnt_ns, p.uts_ns):
         ns_file.touch()
     q = shlex.quote

@@ -73,6 +73,16 @@ def npu_addresses(index: int) -> tuple[Npu, ...]:
     )
 
 
+def leases_dir(state_dir: Path) -> Path:
+    """Where the pytest plugin's sessions record that they use the bed (beside the state dir)."""
+    return state_dir.parent / f"{state_dir.name}.leases"
+
+
+def live_leases(leases: Path) -> list[Path]:
+    """The leases whose session (a pid) is still running."""
+    return [p for p in leases.glob("[0-9]*") if Path(f"/proc/{p.name}").exists()]
+
+
 def resolve_state_file(state_dir: str | os.PathLike[str] | None = None) -> Path:
     """`--state-dir` wins, then $K3DEPLOY_TESTBED_STATE (a file path), then the default."""
     if state_dir is not None:

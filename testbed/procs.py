@@ -152,7 +152,8 @@ def _proc_table() -> dict[int, tuple[int, dict[str, int], str]]:
 
 
 def bed_pids(ns_inodes: Iterable[int], cmdline_marks: Iterable[str]) -> list[int]:
-    """Processes inside the bed's namespaces or naming its files, plus all their descendants."""
+    """Processes inside the bed's namespaces or naming its files, plus all their descendants;
+    never this process or its ancestors (a test run inside a bed host must not kill itself)."""
     inodes = set(ns_inodes)
     marks = [m for m in cmdline_marks if m]
     table = _proc_table()
@@ -172,7 +173,11 @@ def bed_pids(ns_inodes: Iterable[int], cmdline_marks: Iterable[str]) -> list[int
             continue
         found.add(pid)
         stack.extend(children.get(pid, []))
-    return sorted(found)
+    mine, pid = set(), me
+    while pid in table and pid not in mine:
+        mine.add(pid)
+        pid = table[pid][0]
+    return sorted(found - mine)
 
 
 def _alive(pid: int) -> bool:

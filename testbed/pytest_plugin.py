@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from . import layout
 from .layout import BedState, HostState, load_state, resolve_state_file
 
 HOSTS_ENV = "K3DEPLOY_TESTBED_HOSTS"
@@ -140,15 +141,11 @@ class FaultInjector:
 
 @contextlib.contextmanager
 def _fixture_lock(state_file: Path) -> Iterator[Path]:
-    leases = state_file.parent.parent / f"{state_file.parent.name}.leases"
+    leases = layout.leases_dir(state_file.parent)
     leases.mkdir(parents=True, exist_ok=True)
     with (leases / ".lock").open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield leases
-
-
-def _live_leases(leases: Path) -> list[Path]:
-    return [p for p in leases.glob("[0-9]*") if Path(f"/proc/{p.name}").exists()]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -175,7 +172,7 @@ def testbed() -> Iterator[Testbed]:
     finally:
         with _fixture_lock(state_file) as leases:
             (leases / str(os.getpid())).unlink(missing_ok=True)
-            if (leases / ".owned").exists() and not _live_leases(leases):
+            if (leases / ".owned").exists() and not layout.live_leases(leases):
                 bed.down(Path(state.state_dir))
                 (leases / ".owned").unlink()
                 shutil.rmtree(leases, ignore_errors=True)  # nobody else is using this bed

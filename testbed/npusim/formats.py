@@ -51,9 +51,13 @@ def _hbm_used(npu: int) -> int:
     return 3100 + (npu * 37) % 350
 
 
-def present(faults: Faults) -> list[int]:
-    """Logical NPU ids the node still shows."""
-    return [i for i in range(NPUS_PER_HOST) if i not in faults.missing_npus]
+def by_board(faults: Faults) -> dict[int, list[int]]:
+    """Logical NPU ids the node still shows, by board (boards and ids in order)."""
+    boards: dict[int, list[int]] = {}
+    for i in range(NPUS_PER_HOST):
+        if i not in faults.missing_npus:
+            boards.setdefault(i // CHIPS_PER_NPU, []).append(i)
+    return boards
 
 
 def npu_smi_info(bed: BedMap, host: HostEntry, faults: Faults) -> str:
@@ -67,10 +71,8 @@ def npu_smi_info(bed: BedMap, host: HostEntry, faults: Faults) -> str:
         "| Chip  Phy-ID              | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |",
         SEP_BOARD,
     ]
-    shown = present(faults)
-    boards = sorted({i // CHIPS_PER_NPU for i in shown})
-    for board in boards:
-        chips = [i for i in shown if i // CHIPS_PER_NPU == board]
+    boards = by_board(faults)
+    for board, chips in boards.items():
         for n, npu in enumerate(chips):
             chip = npu % CHIPS_PER_NPU
             power = f"{170.0 + (npu * 13) % 20:.1f}" if chip == 0 else "-"
@@ -95,16 +97,14 @@ def _kv(key: str, value: object) -> str:
 
 def npu_smi_list(faults: Faults) -> str:
     """`npu-smi info -l`: board count, then each board's chip count."""
-    shown = present(faults)
-    boards = sorted({i // CHIPS_PER_NPU for i in shown})
+    boards = by_board(faults)
     lines = [_kv("Total Count", len(boards)), ""]
-    for board in boards:
-        chips = sum(1 for i in shown if i // CHIPS_PER_NPU == board)
+    for board, chips in boards.items():
         lines += [
             _kv("NPU ID", board),
             _kv("Product Name", "Atlas 800 A3"),
             _kv("Serial Number", f"K3TB{board:04d}"),
-            _kv("Chip Count", chips),
+            _kv("Chip Count", len(chips)),
             "",
         ]
     return "\n".join(lines)
@@ -112,11 +112,10 @@ def npu_smi_list(faults: Faults) -> str:
 
 def npu_smi_map(faults: Faults) -> str:
     """`npu-smi info -m`: board, die, logical id, physical id, name (+ one Mcu row per board)."""
-    shown = present(faults)
     head = ("NPU ID", "Chip ID", "Chip Logic ID", "Chip Phy-ID", "Chip Name")
     lines = ["\t" + "".join(f"{h:<31}" for h in head[:-1]) + head[-1]]
-    for board in sorted({i // CHIPS_PER_NPU for i in shown}):
-        for npu in (i for i in shown if i // CHIPS_PER_NPU == board):
+    for board, chips in by_board(faults).items():
+        for npu in chips:
             cells = (board, npu % CHIPS_PER_NPU, npu, npu)
             lines.append("\t" + "".join(f"{c:<31}" for c in cells) + "Ascend910")
         lines.append("\t" + "".join(f"{c:<31}" for c in (board, CHIPS_PER_NPU, "-", "-")) + "Mcu")

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from .. import registry
 from ..procs import BedError, run
+from .pip_shim import PIP_VERSION
 
 DEFAULT_VERSIONS = {"vllm": "0.27.1", "vllm_ascend": "0.27.1rc1"}
-PIP_VERSION = "24.0"
 PY = "3.11"
 PYTHON = Path(f"/usr/bin/python{PY}")
 STDLIB = Path(f"/usr/lib/python{PY}")

@@ -246,6 +246,14 @@ def hold_while_hanging(controls: Controls) -> None:
         time.sleep(TICK_S * 2)
 
 
+def pace(controls: Controls, tokens: int) -> None:
+    """Hold while K3SIM_HANG is set, then take K3SIM_TOKEN_S per token."""
+    hold_while_hanging(controls)
+    delay = (controls.number("K3SIM_TOKEN_S", 0.0) or 0.0) * tokens
+    if delay > 0:
+        time.sleep(delay)
+
+
 # --------------------------------------------------------------------------- arguments
 
 
@@ -586,23 +594,21 @@ class Coordinator:
         if peer is not None:
             peer.alive = False  # silently: its share of requests now hangs, /health stays 200
 
-    def waiting(self) -> tuple[int, int]:
+    def remote_waiting(self) -> int:
         """Remote DP ranks that have not joined or not finished loading."""
         with self.lock:
             joined = {r for r, p in self.remotes.items() if p.ready}
-        return len(self.local_ranks), len(self.remote_expected - joined)
+        return len(self.remote_expected - joined)
 
     def route(self) -> int:
         return next(self.rr) % self.args.data_parallel_size
 
     def run_on(self, rank: int, tokens: int) -> None:
         """Block until `rank` has produced the request's tokens; forever if it is gone or hangs."""
-        hold_while_hanging(self.controls)
         if rank in self.local_ranks:
-            delay = (self.controls.number("K3SIM_TOKEN_S", 0.0) or 0.0) * tokens
-            if delay > 0:
-                time.sleep(delay)
+            pace(self.controls, tokens)
             return
+        hold_while_hanging(self.controls)
         with self.lock:
             peer = self.remotes.get(rank)
             rid = next(self.ids)
@@ -655,10 +661,7 @@ def headless(args: argparse.Namespace, controls: Controls, max_len: int) -> None
     send_json(sock, lock, {"op": "ready", "ranks": ranks})
 
     def answer(msg: dict[str, Any]) -> None:
-        hold_while_hanging(controls)
-        delay = (controls.number("K3SIM_TOKEN_S", 0.0) or 0.0) * int(msg.get("tokens", 0))
-        if delay > 0:
-            time.sleep(delay)
+        pace(controls, int(msg.get("tokens", 0)))
         send_json(sock, lock, {"op": "result", "id": msg.get("id")})
 
     try:
@@ -1105,10 +1108,7 @@ class Handler(BaseHTTPRequestHandler):
                 )
             for i, (channel, word) in enumerate(a.script):
                 if i:
-                    hold_while_hanging(controls)
-                    delay = controls.number("K3SIM_TOKEN_S", 0.0) or 0.0
-                    if delay > 0:
-                        time.sleep(delay)
+                    pace(controls, 1)
                 text = word if i == 0 or a.script[i - 1][0] != channel else " " + word
                 if a.chat:
                     event({"index": 0, "delta": {channel: text}, "logprobs": None, "finish_reason": None})
@@ -1190,7 +1190,7 @@ def serve(args: argparse.Namespace) -> int:
         engine_startup(args, controls, rank, args.data_parallel_size, max_len, 0.0)
     deadline = float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S") or DEFAULT_ENGINE_READY_TIMEOUT_S)
     next_log = elapsed() + WAIT_LOG_INTERVAL_S
-    while coordinator.waiting()[1]:
+    while waiting := coordinator.remote_waiting():
         if elapsed() >= deadline:
             fail(
                 api,
@@ -1204,7 +1204,7 @@ def serve(args: argparse.Namespace) -> int:
         if elapsed() >= next_log:
             LOG.info(
                 "utils.py:1029",
-                f"Waiting for 0 local, {coordinator.waiting()[1]} remote core engine proc(s) to start.",
+                f"Waiting for 0 local, {waiting} remote core engine proc(s) to start.",
                 api,
             )
             next_log += WAIT_LOG_INTERVAL_S
