@@ -23,13 +23,14 @@ import statistics
 import time
 from typing import Any
 
+from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
+from k3deploy.blocks.serve import ServeConfig
+from k3deploy.tasks.comm import CommReport, ToolPaths, run_comm_checks
+from k3deploy.tasks.comm.runner import phase1_sections
+from k3deploy.tasks.transport import run_all
+from k3deploy.tasks.transport.factory import open_transports
+
 from benchmarks.host_cpu import HostCpuLimits
-from blocks.cluster import ClusterConfig, NodeSpec
-from blocks.serve import ServeConfig
-from tasks.comm import CommReport, ToolPaths, run_comm_checks
-from tasks.comm.runner import phase1_sections
-from tasks.transport import run_all
-from tasks.transport.factory import open_transports
 from testbed.layout import BedState, load_state, resolve_state_file
 
 TIMEOUT_S = 600

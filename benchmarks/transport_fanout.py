@@ -11,7 +11,8 @@ import platform
 import statistics
 import time
 
-from tasks.transport import SSHTransport, run_all
+from k3deploy.tasks.transport import SSHTransport, run_all
+
 from testbed.layout import load_state, resolve_state_file
 
 

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.models.listing import Listing, RemoteFile
-from tasks.models.node_agent import sha256_file, verify_checkpoint
+from k3deploy.tasks.models.listing import Listing, RemoteFile
+from k3deploy.tasks.models.node_agent import sha256_file, verify_checkpoint
 
 PEAK_RSS = (
     "import resource,sys; from pathlib import Path; from tasks.models.node_agent import sha256_file;"

@@ -1,12 +1,12 @@
 """Configuration and credentials as Prefect Blocks; one YAML document fills all of them."""
 
-from blocks.bench import BenchConfig
-from blocks.cluster import ClusterConfig, NodeSpec, SSHSettings
-from blocks.deployment import DeploymentConfig
-from blocks.image import ImageBuild, ImageConfig, RegistryAuth
-from blocks.loader import load_config, parse_config
-from blocks.models import CheckpointSpec, DraftSpec, ModelsConfig
-from blocks.serve import ContainerSettings, ServeConfig
+from k3deploy.blocks.bench import BenchConfig
+from k3deploy.blocks.cluster import ClusterConfig, NodeSpec, SSHSettings
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.image import ImageBuild, ImageConfig, RegistryAuth
+from k3deploy.blocks.loader import load_config, parse_config
+from k3deploy.blocks.models import CheckpointSpec, DraftSpec, ModelsConfig
+from k3deploy.blocks.serve import ContainerSettings, ServeConfig
 
 __all__ = [
     "BenchConfig",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
+from k3deploy.blocks._types import Arg, StrictBlock, Text
 from pydantic import Field, field_serializer
-
-from blocks._types import Arg, StrictBlock, Text
 
 
 class BenchConfig(StrictBlock):

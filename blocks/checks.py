@@ -6,11 +6,11 @@ import re
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS
-from blocks.serve import DERIVED_ENV
+from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS
+from k3deploy.blocks.serve import DERIVED_ENV
 
 if TYPE_CHECKING:
-    from blocks.deployment import DeploymentConfig
+    from k3deploy.blocks.deployment import DeploymentConfig
 
 Problem = tuple[str, str]
 PLACEHOLDER = re.compile(r"<[A-Z0-9][A-Z0-9_]*>")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 
+from k3deploy.blocks._types import StrictBlock
+from k3deploy.blocks.bench import BenchConfig
+from k3deploy.blocks.checks import config_problems
+from k3deploy.blocks.cluster import ClusterConfig
+from k3deploy.blocks.image import ImageConfig
+from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
+from k3deploy.blocks.serve import ServeConfig
 from pydantic import Field, model_validator
 
-from blocks._types import StrictBlock
-from blocks.bench import BenchConfig
-from blocks.checks import config_problems
-from blocks.cluster import ClusterConfig
-from blocks.image import ImageConfig
-from blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
-from blocks.serve import ServeConfig
 from k3deploy.errors import ConfigError
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from k3deploy.blocks._types import StrictBlock, Text
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-
-from blocks._types import StrictBlock, Text
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from k3deploy.blocks.checks import placeholders
+from k3deploy.blocks.deployment import DeploymentConfig
 from pydantic import SecretStr, ValidationError
 
-from blocks.checks import placeholders
-from blocks.deployment import DeploymentConfig
 from k3deploy.errors import ConfigError
 
 # Secrets come from the environment when the document leaves them out: keeps them out of files.

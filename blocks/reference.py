@@ -7,11 +7,10 @@ import types
 import typing
 from typing import Any
 
+from k3deploy.blocks.deployment import DeploymentConfig
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-
-from blocks.deployment import DeploymentConfig
 
 SECTIONS = ("cluster", "models", "image", "serve", "bench")
 

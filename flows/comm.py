@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.comm.steps import comm_checks
 from prefect import flow
-
-from blocks.loader import load_config
-from tasks.comm.steps import comm_checks
 
 DEFAULT_CONFIG = "configs/local.yaml"
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.image.agreement import image_problems
+from k3deploy.tasks.image.engine import split_ref
+from k3deploy.tasks.image.steps import ImageRecord, build_image, probe_image, pull_image
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from blocks.loader import load_config
 from k3deploy.errors import K3DeployError
-from tasks.image.agreement import image_problems
-from tasks.image.engine import split_ref
-from tasks.image.steps import ImageRecord, build_image, probe_image, pull_image
 
 DEFAULT_CONFIG = "configs/local.yaml"
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from prefect import flow, runtime, task
-from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_logger
-
-from blocks.loader import load_config
-from tasks.launch.steps import (
+from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.launch.steps import (
     remove_containers,
     remove_run_containers,
     start_containers,
     wait_until_ready,
 )
-from tasks.render import Plan, render_plan
+from k3deploy.tasks.render import Plan, render_plan
+from prefect import flow, runtime, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_logger
 
 DEFAULT_CONFIG = "configs/local.yaml"
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-
-from blocks.deployment import DeploymentConfig
-from blocks.loader import load_config
-from k3deploy.errors import K3DeployError
-from tasks.models.checks import space_problems
-from tasks.models.outcome import CheckpointOutcome, ModelsOutcome, content_findings, files_to_fetch, space_needs
-from tasks.models.steps import (
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.models.checks import space_problems
+from k3deploy.tasks.models.outcome import (
+    CheckpointOutcome,
+    ModelsOutcome,
+    content_findings,
+    files_to_fetch,
+    space_needs,
+)
+from k3deploy.tasks.models.steps import (
     Checkpoint,
     checkpoints,
     fetch_checkpoint,
@@ -22,6 +23,11 @@ from tasks.models.steps import (
     storage_nodes,
     verify_checkpoint,
 )
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from k3deploy.errors import K3DeployError
 
 DEFAULT_CONFIG = "configs/local.yaml"
 

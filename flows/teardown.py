@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.launch.steps import remove_containers
 from prefect import flow
 from prefect.artifacts import create_table_artifact
-
-from blocks.loader import load_config
-from tasks.launch.steps import remove_containers
 
 DEFAULT_CONFIG = "configs/local.yaml"
 

@@ -31,8 +31,8 @@ def plan(
     fmt: Annotated[Format, typer.Option("--format", "-f", help="text (paste-able) or json.")] = Format.text,
 ) -> None:
     """Print, node by node, the environment, docker run and vllm serve that launch would run."""
-    from blocks.loader import load_config
-    from tasks.render import render_plan
+    from k3deploy.blocks.loader import load_config
+    from k3deploy.tasks.render import render_plan
 
     try:
         rendered = render_plan(load_config(config))
@@ -48,7 +48,7 @@ def plan(
 @app.command("config-reference")
 def config_reference() -> None:
     """Print the configuration reference (every key, its default and meaning) as Markdown."""
-    from blocks.reference import config_reference as reference
+    from k3deploy.blocks.reference import config_reference as reference
 
     typer.echo(reference())
 
@@ -66,11 +66,11 @@ def run(config: ConfigPath) -> None:
 
 # Stages that can run on their own so far: name → "module:flow".
 STAGE_FLOWS = {
-    "models": "flows.models:models",
-    "comm": "flows.comm:comm",
-    "image": "flows.image:image",
-    "launch": "flows.launch:launch",
-    "teardown": "flows.teardown:teardown",
+    "models": "k3deploy.flows.models:models",
+    "comm": "k3deploy.flows.comm:comm",
+    "image": "k3deploy.flows.image:image",
+    "launch": "k3deploy.flows.launch:launch",
+    "teardown": "k3deploy.flows.teardown:teardown",
 }
 
 

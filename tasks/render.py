@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from string import Template
 from typing import Any, Literal
 
-from blocks.deployment import DeploymentConfig
-from blocks.serve import DERIVED_ENV
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.serve import DERIVED_ENV
 
 LABEL_PREFIX = "k3deploy"
 CONFIG_LABEL = f"{LABEL_PREFIX}.config"  # the fingerprint of the config a container runs

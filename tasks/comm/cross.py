@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tasks.comm.report import Finding, fail
+from k3deploy.tasks.comm.report import Finding, fail
 
 Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from tasks.comm.npu_checks import ToolPaths
-from tasks.comm.report import Finding, fail, first_line, ok, outcome
+from k3deploy.tasks.comm.npu_checks import ToolPaths
+from k3deploy.tasks.comm.report import Finding, fail, first_line, ok, outcome
 
 
 def hccn_conf_cmd(tools: ToolPaths) -> list[str]:

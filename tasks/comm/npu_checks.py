@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tasks.comm.report import Finding, fail, first_line, ok, outcome
-from tasks.comm.topology import DIES_PER_BOARD, board_die, logical_id
+from k3deploy.tasks.comm.report import Finding, fail, first_line, ok, outcome
+from k3deploy.tasks.comm.topology import DIES_PER_BOARD, board_die, logical_id
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tasks.transport.base import TIMEOUT_EXIT_CODES
+from k3deploy.tasks.transport.base import TIMEOUT_EXIT_CODES
 
 Verdict = Literal["ok", "fail"]
 

@@ -7,16 +7,16 @@ import json
 from datetime import timedelta
 from typing import Any
 
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.tasks.comm.report import CommReport
+from k3deploy.tasks.comm.runner import run_comm_checks
+from k3deploy.tasks.transport.factory import open_transports
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.variables import Variable
 
-from blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
-from tasks.comm.report import CommReport
-from tasks.comm.runner import run_comm_checks
-from tasks.transport.factory import open_transports
 
 FAILURES_SHOWN = 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from tasks.image.engine import NodeImage, split_ref
+from k3deploy.tasks.image.engine import NodeImage, split_ref
 
 
 def image_problems(images: Mapping[str, NodeImage], digest: str | None) -> list[str]:

@@ -10,7 +10,7 @@ import hashlib
 import re
 import shlex
 
-from blocks.image import ImageBuild
+from k3deploy.blocks.image import ImageBuild
 
 WORK_ROOT = "/var/tmp/k3deploy-build"
 COMMIT = re.compile(r"[0-9a-f]{7,40}")

@@ -8,18 +8,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker
+from k3deploy.blocks.cluster import ClusterConfig
+from k3deploy.blocks.image import ImageConfig
+from k3deploy.tasks.image import build as building
+from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
+from k3deploy.tasks.image.probe import (
+    PIP_SHOW,
+    SERVE_HELP,
+    ImageFinding,
+    kimi_findings,
+    parse_pip_show,
+    version_findings,
+)
+from k3deploy.tasks.transport.base import on_every_node
+from k3deploy.tasks.transport.factory import docker_clients, open_transports
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from blocks.cluster import ClusterConfig
-from blocks.image import ImageConfig
 from k3deploy.errors import TransportError
-from tasks.image import build as building
-from tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
-from tasks.image.probe import PIP_SHOW, SERVE_HELP, ImageFinding, kimi_findings, parse_pip_show, version_findings
-from tasks.transport.base import on_every_node
-from tasks.transport.factory import docker_clients, open_transports
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

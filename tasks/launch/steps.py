@@ -8,20 +8,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
+from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
+from k3deploy.tasks.launch.readiness import Probe, burst, probe
+from k3deploy.tasks.render import Plan
+from k3deploy.tasks.transport.base import on_every_node
+from k3deploy.tasks.transport.factory import docker_clients
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
-from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started, labelled, remove_labelled, start_or_adopt
-from tasks.launch.logwatch import LogWatcher, load_patterns
-from tasks.launch.monitor import Failure, LaunchMonitor
-from tasks.launch.readiness import Probe, burst, probe
-from tasks.render import Plan
-from tasks.transport.base import on_every_node
-from tasks.transport.factory import docker_clients
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blocks.models import SPECULATIVE_TOKENS, DraftSpec
-from tasks.models.listing import Listing
-from tasks.models.node_agent import Manifest
+from k3deploy.blocks.models import SPECULATIVE_TOKENS, DraftSpec
+from k3deploy.tasks.models.listing import Listing
+from k3deploy.tasks.models.node_agent import Manifest
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "tiktoken.model")

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from blocks.models import DraftSpec
-from tasks.models.checks import (
+from k3deploy.blocks.models import DraftSpec
+from k3deploy.tasks.models.checks import (
     QUANT_DESCRIPTION,
     Finding,
     SpaceNeed,
@@ -17,8 +17,8 @@ from tasks.models.checks import (
     quantization_findings,
     tokenizer_findings,
 )
-from tasks.models.listing import Listing
-from tasks.models.remote import NodeReport
+from k3deploy.tasks.models.listing import Listing
+from k3deploy.tasks.models.remote import NodeReport
 
 SHOWN = 10  # files named in one problem line before "and N more"
 

@@ -1,10 +1,10 @@
 """Transports to the nodes: one interface, an SSH and a local implementation, and Docker over SSH."""
 
-from tasks.transport.base import CommandResult, Transport, run_all
-from tasks.transport.docker_api import docker_client
-from tasks.transport.factory import transports_for
-from tasks.transport.local import LocalTransport
-from tasks.transport.ssh import SSHTransport
+from k3deploy.tasks.transport.base import CommandResult, Transport, run_all
+from k3deploy.tasks.transport.docker_api import docker_client
+from k3deploy.tasks.transport.factory import transports_for
+from k3deploy.tasks.transport.local import LocalTransport
+from k3deploy.tasks.transport.ssh import SSHTransport
 
 __all__ = [
     "CommandResult",

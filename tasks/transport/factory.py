@@ -6,12 +6,11 @@ import contextlib
 from collections.abc import Collection, Iterator
 
 import docker
-
-from blocks.cluster import ClusterConfig
-from tasks.transport.base import Transport
-from tasks.transport.docker_api import docker_client
-from tasks.transport.local import LocalTransport
-from tasks.transport.ssh import SSHTransport
+from k3deploy.blocks.cluster import ClusterConfig
+from k3deploy.tasks.transport.base import Transport
+from k3deploy.tasks.transport.docker_api import docker_client
+from k3deploy.tasks.transport.local import LocalTransport
+from k3deploy.tasks.transport.ssh import SSHTransport
 
 
 def transports_for(cluster: ClusterConfig) -> dict[str, Transport]:

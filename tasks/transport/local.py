@@ -9,8 +9,16 @@ import subprocess
 import threading
 import time
 
+from k3deploy.tasks.transport.base import (
+    KILL_GRACE_S,
+    Command,
+    CommandResult,
+    OutputCallback,
+    OutputCollector,
+    shell_command,
+)
+
 from k3deploy.errors import CommandTimeout, TransportError
-from tasks.transport.base import KILL_GRACE_S, Command, CommandResult, OutputCallback, OutputCollector, shell_command
 
 READER_GRACE_S = 1.0
 

@@ -10,11 +10,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
-
-from blocks.cluster import ClusterConfig, NodeSpec
-from blocks.serve import ServeConfig
-from tasks.comm import CommReport, run_comm_checks
-from tasks.transport import transports_for
+from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
+from k3deploy.blocks.serve import ServeConfig
+from k3deploy.tasks.comm import CommReport, run_comm_checks
+from k3deploy.tasks.transport import transports_for
 
 pytestmark = [pytest.mark.comm, pytest.mark.testbed, pytest.mark.faults]
 NODES = ("node0", "node1", "node2", "node3")

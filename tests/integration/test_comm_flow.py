@@ -6,9 +6,9 @@ import random
 from pathlib import Path
 
 import pytest
+from k3deploy.flows.comm import comm
+from k3deploy.tasks.comm.steps import CommStageFailed
 
-from flows.comm import comm
-from tasks.comm.steps import CommStageFailed
 from tests.bedconfig import bed_config, write_config
 from tests.prefect_runs import task_states
 

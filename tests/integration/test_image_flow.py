@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k3deploy.flows.image import ImageStageFailed, image
+from k3deploy.tasks.transport import docker_client
 
-from flows.image import ImageStageFailed, image
 from k3deploy.errors import K3DeployError
-from tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config
 
 pytestmark = [pytest.mark.image, pytest.mark.testbed, pytest.mark.prefect]

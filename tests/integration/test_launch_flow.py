@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k3deploy.blocks.serve import SEED_ENV
+from k3deploy.flows.launch import launch
+from k3deploy.flows.teardown import teardown
+from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
+from k3deploy.tasks.launch.steps import LaunchFailed
+from k3deploy.tasks.transport import docker_client
 
-from blocks.serve import SEED_ENV
-from flows.launch import launch
-from flows.teardown import teardown
-from tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
-from tasks.launch.steps import LaunchFailed
-from tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.prefect_runs import latest_artifact
 

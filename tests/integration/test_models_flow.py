@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k3deploy.flows.models import ModelsStageFailed, models
+from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
+from k3deploy.tasks.transport import SSHTransport
 
-from flows.models import ModelsStageFailed, models
 from k3deploy.errors import K3DeployError
-from tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
-from tasks.transport import SSHTransport
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 from tests.bedconfig import bed_config, bed_transports, write_config

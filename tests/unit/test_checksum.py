@@ -8,9 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tasks.models.listing import Listing, RemoteFile, ms_file
-from tasks.models.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
+from k3deploy.tasks.models.listing import Listing, RemoteFile, ms_file
+from k3deploy.tasks.models.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
 
 pytestmark = pytest.mark.models
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from k3deploy.blocks import parse_config
+from k3deploy.tasks.render import render_plan
 
-from blocks import parse_config
 from k3deploy.errors import ConfigError
-from tasks.render import render_plan
 from tests.configs import site_data
 
 pytestmark = pytest.mark.config
@@ -115,7 +115,7 @@ def test_pasted_text_plan_runs_as_shell_would_split_it(site_file):
 
 
 def test_readme_reference_is_current():
-    from blocks.reference import config_reference
+    from k3deploy.blocks.reference import config_reference
 
     readme = (ROOT / "README.md").read_text()
     start = readme.index("-->\n", readme.index("<!-- config-reference")) + len("-->\n")

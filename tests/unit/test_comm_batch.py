@@ -6,10 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tasks.comm.batch import MAX_SCRIPT, Section, parse_output, render_script
-from tasks.comm.npu_checks import ToolPaths
-from tasks.comm.runner import phase1_sections
+from k3deploy.tasks.comm.batch import MAX_SCRIPT, Section, parse_output, render_script
+from k3deploy.tasks.comm.npu_checks import ToolPaths
+from k3deploy.tasks.comm.runner import phase1_sections
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from tasks.comm.cross import consistent, majority, ping_peers, ping_plan
-from tasks.comm.report import fail, ok
+from k3deploy.tasks.comm.cross import consistent, majority, ping_peers, ping_plan
+from k3deploy.tasks.comm.report import fail, ok
 
 pytestmark = pytest.mark.comm
 

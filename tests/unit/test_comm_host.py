@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tasks.comm import host_checks as hc
+from k3deploy.tasks.comm import host_checks as hc
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm" / "healthy"

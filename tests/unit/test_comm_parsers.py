@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tasks.comm import npu_checks as nc
-from tasks.comm.report import Finding
+from k3deploy.tasks.comm import npu_checks as nc
+from k3deploy.tasks.comm.report import Finding
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm"

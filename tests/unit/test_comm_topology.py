@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from tasks.comm.npu_checks import ToolPaths, spod_info_cmd
-from tasks.comm.topology import board_die, boards, logical_id
+from k3deploy.tasks.comm.npu_checks import ToolPaths, spod_info_cmd
+from k3deploy.tasks.comm.topology import board_die, boards, logical_id
 
 pytestmark = pytest.mark.comm
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import shlex
 
 import pytest
-
-from blocks.image import ImageBuild
-from tasks.image import build
-from tasks.image.agreement import image_problems
-from tasks.image.engine import NodeImage, split_ref
-from tasks.image.probe import kimi_findings, parse_pip_show, version_findings
+from k3deploy.blocks.image import ImageBuild
+from k3deploy.tasks.image import build
+from k3deploy.tasks.image.agreement import image_problems
+from k3deploy.tasks.image.engine import NodeImage, split_ref
+from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
 
 pytestmark = pytest.mark.image
 

@@ -8,9 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from k3deploy.errors import ConfigError
-from tasks.launch.logwatch import (
+from k3deploy.tasks.launch.logwatch import (
     DEFAULT_PATTERNS,
     MAX_EVENT_LINE,
     LogBuffer,
@@ -20,6 +18,8 @@ from tasks.launch.logwatch import (
     required_literals,
     strip_ansi,
 )
+
+from k3deploy.errors import ConfigError
 
 pytestmark = pytest.mark.launch
 PATTERNS = load_patterns()

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from tasks.models.checks import differing_nodes
-from tasks.models.listing import Listing, RemoteFile
-from tasks.models.node_agent import load_manifest, verify_checkpoint, write_manifest
+from k3deploy.tasks.models.checks import differing_nodes
+from k3deploy.tasks.models.listing import Listing, RemoteFile
+from k3deploy.tasks.models.node_agent import load_manifest, verify_checkpoint, write_manifest
 
 pytestmark = pytest.mark.models
 

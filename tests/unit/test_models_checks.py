@@ -5,18 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from blocks.models import DraftSpec
-from tasks.models.checks import (
+from k3deploy.blocks.models import DraftSpec
+from k3deploy.tasks.models.checks import (
     SpaceNeed,
     draft_findings,
     quantization_findings,
     space_problems,
     tokenizer_findings,
 )
-from tasks.models.listing import Listing, RemoteFile
-from tasks.models.remote import NodeAgentError, ProgressBoard, job, parse_progress, parse_result
-from tasks.transport.base import CommandResult
+from k3deploy.tasks.models.listing import Listing, RemoteFile
+from k3deploy.tasks.models.remote import NodeAgentError, ProgressBoard, job, parse_progress, parse_result
+from k3deploy.tasks.transport.base import CommandResult
 
 pytestmark = pytest.mark.models
 
@@ -135,11 +134,10 @@ def test_progress_lines_are_summed_across_nodes():
 
 
 def test_the_hub_token_travels_on_stdin_only():
+    from k3deploy.tasks.models.listing import auth_headers
+    from k3deploy.tasks.models.remote import agent_command, agent_input
+    from k3deploy.tasks.transport.base import with_timeout
     from pydantic import SecretStr
-
-    from tasks.models.listing import auth_headers
-    from tasks.models.remote import agent_command, agent_input
-    from tasks.transport.base import with_timeout
 
     body = job(
         "fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], headers=auth_headers(SecretStr("hf_tok"))
