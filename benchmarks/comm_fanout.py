@@ -23,14 +23,13 @@ import statistics
 import time
 from typing import Any
 
+from benchmarks.host_cpu import HostCpuLimits
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.tasks.comm import CommReport, ToolPaths, run_comm_checks
 from k3deploy.tasks.comm.runner import phase1_sections
 from k3deploy.tasks.transport import run_all
 from k3deploy.tasks.transport.factory import open_transports
-
-from benchmarks.host_cpu import HostCpuLimits
 from testbed.layout import BedState, load_state, resolve_state_file
 
 TIMEOUT_S = 600

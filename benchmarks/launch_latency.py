@@ -27,7 +27,6 @@ from pathlib import Path
 
 from k3deploy.blocks.serve import SEED_ENV
 from k3deploy.tasks.transport import SSHTransport
-
 from testbed.layout import load_state, resolve_state_file
 from testbed.pytest_plugin import Testbed
 from tests.bedconfig import bed_config, write_config
@@ -54,10 +53,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
 
-    from k3deploy.flows.launch import launch
-    from k3deploy.tasks.launch.steps import LaunchFailed
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
+
+    from k3deploy.flows.launch import launch
+    from k3deploy.tasks.launch.steps import LaunchFailed
 
     bed = Testbed.from_state(load_state(resolve_state_file(None)))
     node2 = SSHTransport(bed.hosts[2].ip, name="node2", private_key_file=bed.key, known_hosts=bed.known_hosts)

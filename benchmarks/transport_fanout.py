@@ -12,7 +12,6 @@ import statistics
 import time
 
 from k3deploy.tasks.transport import SSHTransport, run_all
-
 from testbed.layout import load_state, resolve_state_file
 
 

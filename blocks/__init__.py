@@ -1,27 +1,36 @@
-"""Configuration and credentials as Prefect Blocks; one YAML document fills all of them."""
+"""Configuration and credentials as Prefect Blocks; one YAML document fills all of them.
 
-from k3deploy.blocks.bench import BenchConfig
-from k3deploy.blocks.cluster import ClusterConfig, NodeSpec, SSHSettings
-from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.blocks.image import ImageBuild, ImageConfig, RegistryAuth
-from k3deploy.blocks.loader import load_config, parse_config
-from k3deploy.blocks.models import CheckpointSpec, DraftSpec, ModelsConfig
-from k3deploy.blocks.serve import ContainerSettings, ServeConfig
+Names are imported on first use (PEP 562), so that reading a YAML file and reporting its syntax
+errors does not wait for Prefect to import.
+"""
 
-__all__ = [
-    "BenchConfig",
-    "CheckpointSpec",
-    "ClusterConfig",
-    "ContainerSettings",
-    "DeploymentConfig",
-    "DraftSpec",
-    "ImageBuild",
-    "ImageConfig",
-    "ModelsConfig",
-    "NodeSpec",
-    "RegistryAuth",
-    "SSHSettings",
-    "ServeConfig",
-    "load_config",
-    "parse_config",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "BenchConfig": "bench",
+    "CheckpointSpec": "models",
+    "ClusterConfig": "cluster",
+    "ContainerSettings": "serve",
+    "DeploymentConfig": "deployment",
+    "DraftSpec": "models",
+    "ImageBuild": "image",
+    "ImageConfig": "image",
+    "ModelsConfig": "models",
+    "NodeSpec": "cluster",
+    "RegistryAuth": "image",
+    "SSHSettings": "cluster",
+    "ServeConfig": "serve",
+    "load_config": "loader",
+    "parse_config": "loader",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

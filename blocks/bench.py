@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from k3deploy.blocks._types import Arg, StrictBlock, Text
 from pydantic import Field, field_serializer
+
+from k3deploy.blocks._types import Arg, StrictBlock, Text
 
 
 class BenchConfig(StrictBlock):

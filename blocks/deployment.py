@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from pydantic import Field, model_validator
+
 from k3deploy.blocks._types import StrictBlock
 from k3deploy.blocks.bench import BenchConfig
 from k3deploy.blocks.checks import config_problems
@@ -12,8 +14,6 @@ from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
-from pydantic import Field, model_validator
-
 from k3deploy.errors import ConfigError
 
 

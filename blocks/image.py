@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from k3deploy.blocks._types import StrictBlock, Text
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from k3deploy.blocks._types import StrictBlock, Text
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from k3deploy.blocks.checks import placeholders
-from k3deploy.blocks.deployment import DeploymentConfig
 from pydantic import SecretStr, ValidationError
 
 from k3deploy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from k3deploy.blocks.deployment import DeploymentConfig
 
 # Secrets come from the environment when the document leaves them out: keeps them out of files.
 SECRET_ENV = {
@@ -52,6 +53,9 @@ def _inject_secrets(data: dict[str, Any], environ: os._Environ[str] | dict[str, 
 
 def parse_config(data: Any, source: str | None = None, environ: dict[str, str] | None = None) -> DeploymentConfig:
     """Validate already-parsed data; every problem is reported with its field path."""
+    from k3deploy.blocks.checks import placeholders  # imports Prefect: only once the YAML has parsed
+    from k3deploy.blocks.deployment import DeploymentConfig
+
     if not isinstance(data, dict):
         raise ConfigError([("", "the document must be a mapping with cluster, models, image, serve, bench")], source)
     _inject_secrets(data, os.environ if environ is None else environ)

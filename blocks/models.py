@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from k3deploy.blocks._types import AbsPath, StrictBlock, Text
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from k3deploy.blocks._types import AbsPath, StrictBlock, Text
 
 DraftKind = Literal["gqa", "mla", "mla-block5"]
 

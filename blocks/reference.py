@@ -7,10 +7,11 @@ import types
 import typing
 from typing import Any
 
-from k3deploy.blocks.deployment import DeploymentConfig
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from k3deploy.blocks.deployment import DeploymentConfig
 
 SECTIONS = ("cluster", "models", "image", "serve", "bench")
 

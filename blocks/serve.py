@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3deploy.blocks._types import Arg, EnvName, StrictBlock, Text
 from pydantic import BaseModel, ConfigDict, Field
+
+from k3deploy.blocks._types import Arg, EnvName, StrictBlock, Text
 
 SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
     "/dev/davinci_manager",

@@ -1,22 +1,32 @@
 """The comm stage: vLLM-Ascend's multi-node communication checks on every node and NPU, plus host checks."""
 
-from __future__ import annotations
-
-from typing import Any
-
-from k3deploy.blocks.loader import load_config
-from k3deploy.tasks.comm.steps import comm_checks
 from prefect import flow
 
-DEFAULT_CONFIG = "configs/local.yaml"
+from k3deploy.blocks.source import ConfigSource, resolve_config
+from k3deploy.errors import CommStageFailed
+from k3deploy.stage import StageResult
+from k3deploy.tasks.comm.report import CommReport
+from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, findings
+from k3deploy.tasks.stage_run import StageRun
 
 
-@flow(name="comm")
-def comm(config: str = DEFAULT_CONFIG, fresh: bool = False) -> dict[str, Any]:
+@flow(name="comm", persist_result=True)
+def comm(config: ConfigSource, fresh: bool = False) -> StageResult:
     """Every NPU healthy and reachable across nodes, TLS and driver consistent; else fail naming node and NPU.
 
     A pass is reused for an hour for the same nodes (a rerun of a later stage); `fresh` runs it anyway.
     """
-    cfg = load_config(config)
-    report = comm_checks.with_options(refresh_cache=fresh)(cfg)
-    return {"verdict": "pass", "summary": report.summary(), "phase_seconds": dict(report.phase_seconds)}
+    cfg = resolve_config(config)
+    run = StageRun("comm", CommStageFailed)
+    with run.guard():
+        try:
+            report: CommReport = comm_checks.with_options(refresh_cache=fresh)(cfg)
+        except CommChecksFailed as err:
+            report = err.report
+    run.findings = findings(report)
+    run.data = {"summary": report.summary(), "phase_seconds": dict(report.phase_seconds)}
+    run.table("checks", report.table_rows(), report.summary())
+    if not report.ok:
+        run.table("failures", report.table_rows(failures_only=True), report.summary())
+        run.failed(report.summary())
+    return run.passed(report.summary())

@@ -1,11 +1,14 @@
 """The models stage: list, look, verify, make room, download what is missing or bad, agree, check contents."""
 
-from __future__ import annotations
-
 from typing import Any
 
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.blocks.loader import load_config
+from k3deploy.blocks.source import ConfigSource, resolve_config
+from k3deploy.errors import ModelsStageFailed
+from k3deploy.stage import Finding, StageResult
 from k3deploy.tasks.models.checks import space_problems
 from k3deploy.tasks.models.outcome import (
     CheckpointOutcome,
@@ -23,24 +26,12 @@ from k3deploy.tasks.models.steps import (
     storage_nodes,
     verify_checkpoint,
 )
-from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-
-from k3deploy.errors import K3DeployError
-
-DEFAULT_CONFIG = "configs/local.yaml"
+from k3deploy.tasks.stage_run import StageRun
 
 
-class ModelsStageFailed(K3DeployError):
-    """A checkpoint is missing, corrupt, different across nodes, or does not fit the deployment."""
-
-
-@task(name="refuse if the disk is short", cache_policy=NO_CACHE)
-def refuse_if_short(stats: dict[str, Any]) -> None:
-    problems = space_problems(space_needs(stats))
-    if problems:
-        raise ModelsStageFailed("not downloading, the model root is too small:\n  " + "\n  ".join(problems))
+@task(name="disk space shortfalls", cache_policy=NO_CACHE)
+def space_shortfalls(stats: dict[str, Any]) -> list[str]:
+    return space_problems(space_needs(stats))
 
 
 @task(name="check shared storage", cache_policy=NO_CACHE)
@@ -59,22 +50,26 @@ def shared_storage_unseen(cfg: DeploymentConfig, ckpt: Checkpoint, outcome: Chec
     }
 
 
-@task(name="publish models artifacts", cache_policy=NO_CACHE)
-def publish_artifacts(outcome: ModelsOutcome) -> None:
-    for c in outcome.checkpoints:
-        create_table_artifact(
-            c.manifest_rows(),
-            key=f"models-manifest-{c.role}",
-            description=f"{c.role} `{c.listing.repo}` commit `{c.listing.commit}`, {c.listing.total_bytes} bytes",
-        )
-    create_table_artifact([r for c in outcome.checkpoints for r in c.node_rows()], key="models-nodes")
-    create_markdown_artifact(outcome.markdown(), key="models-summary", description="models stage verdict")
-
-
-@flow(name="models")
-def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any]:
+@flow(name="models", persist_result=True)
+def models(config: ConfigSource, download: bool = True) -> StageResult:
     """Every node holds the configured checkpoints at the hub's commit, verified; else fail naming node and file."""
-    cfg = load_config(config)
+    cfg = resolve_config(config)
+    run = StageRun("models", ModelsStageFailed)
+    with run.guard():
+        outcome = _verify_and_fetch(cfg, run, download)
+    for c in outcome.checkpoints:
+        description = f"{c.role} `{c.listing.repo}` commit `{c.listing.commit}`, {c.listing.total_bytes} bytes"
+        run.table(f"manifest-{c.role}", c.manifest_rows(), description)
+    run.table("nodes", [r for c in outcome.checkpoints for r in c.node_rows()])
+    run.table("checks", [vars(f) for f in outcome.findings])
+    for line in outcome.summary_lines():
+        run.note(line)
+    run.findings = outcome.problem_findings()
+    run.data = outcome.record()
+    return run.passed(", ".join(f"{c.role} {c.listing.commit[:12]}" for c in outcome.checkpoints))
+
+
+def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool) -> ModelsOutcome:
     nodes = storage_nodes(cfg.cluster)
     wanted = checkpoints(cfg.models)
     listings = {c.role: list_checkpoint(cfg.models, c) for c in wanted}
@@ -90,7 +85,10 @@ def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any
     }
     to_fetch = {role: files_to_fetch(o.verified) for role, o in outcomes.items()}
     if download and any(paths for per_node in to_fetch.values() for paths in per_node.values()):
-        refuse_if_short(stats)
+        short = space_shortfalls(stats)
+        if short:
+            run.findings = [Finding(line.split(":", 1)[0], "free space", False, line) for line in short]
+            run.failed("not downloading, the model root is too small")
         for c in wanted:
             if any(to_fetch[c.role].values()):
                 outcomes[c.role].fetched = fetch_checkpoint(
@@ -100,8 +98,4 @@ def models(config: str = DEFAULT_CONFIG, download: bool = True) -> dict[str, Any
         for c in wanted:
             outcomes[c.role].unseen = shared_storage_unseen(cfg, c, outcomes[c.role])
     found = content_findings(outcomes, cfg.models.draft, quantized=cfg.serve.quantization is not None)
-    outcome = ModelsOutcome(list(outcomes.values()), found)
-    publish_artifacts(outcome)
-    if not outcome.ok:
-        raise ModelsStageFailed("models stage failed:\n  " + "\n  ".join(outcome.problems()))
-    return outcome.record()
+    return ModelsOutcome(list(outcomes.values()), found)

@@ -6,6 +6,11 @@ and say what was expected. Secrets never appear in a message.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from k3deploy.stage import StageResult
+
 
 class K3DeployError(Exception):
     """Base of every error k3deploy raises on purpose."""
@@ -18,8 +23,8 @@ class ConfigError(K3DeployError):
         self.problems = problems
         self.source = source
         where = f"{source}: " if source else ""
-        lines = [f"{where}{field}: {msg}" if field else f"{where}{msg}" for field, msg in problems]
-        super().__init__("invalid configuration\n  " + "\n  ".join(lines))
+        self.lines = [f"{where}{field}: {msg}" if field else f"{where}{msg}" for field, msg in problems]
+        super().__init__("invalid configuration\n  " + "\n  ".join(self.lines))
 
 
 class NodeError(K3DeployError):
@@ -67,3 +72,43 @@ class CommandFailed(TransportError):
 
 class HubError(K3DeployError):
     """A model hub could not list or serve a checkpoint."""
+
+
+class StageFailed(K3DeployError):
+    """A stage ended with a failed verdict; `result` (a StageResult) carries every finding."""
+
+    def __init__(self, result: StageResult) -> None:
+        from k3deploy.stage import failure_lines
+
+        self.result = result
+        lines = failure_lines(result.findings)
+        head = f"{result.stage} failed: {result.reason or result.summary or 'see its findings'}"
+        super().__init__(head + "".join(f"\n  {line}" for line in lines if line not in head))
+
+
+class PreflightFailed(StageFailed):
+    """A node is unreachable, untrusted, or lacks what the deployment needs."""
+
+
+class ModelsStageFailed(StageFailed):
+    """A checkpoint is missing, corrupt, different across nodes, or does not fit the deployment."""
+
+
+class CommStageFailed(StageFailed):
+    """A node, NPU or link failed a communication check."""
+
+
+class ImageStageFailed(StageFailed):
+    """The nodes do not all hold one image, or it lacks what Kimi-K3 needs."""
+
+
+class LaunchStageFailed(StageFailed):
+    """The service did not come up: a fatal line, a container exit, or the ready timeout."""
+
+
+class TeardownFailed(StageFailed):
+    """A node's containers could not all be removed, or the node could not be reached."""
+
+
+class ValidateFailed(K3DeployError):
+    """The validate run failed; the message names the first stage that failed."""

@@ -6,11 +6,12 @@ no code anywhere but its own flow and one line in the registry.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 
 class Verdict(StrEnum):
@@ -20,15 +21,15 @@ class Verdict(StrEnum):
     NOT_APPLICABLE = "not-applicable"
 
 
-class Finding(BaseModel):
-    """One row of what a stage checked: the subject (node, NPU, file, request), the check, the outcome."""
+@dataclass(frozen=True)
+class Finding:
+    """One row of what a stage checked: the subject (a node, 'node1 NPU 3', a checkpoint, a request),
+    the check, the outcome, and the value seen or what is wrong and where."""
 
-    model_config = ConfigDict(frozen=True)
-
-    subject: str = Field(description="What was checked: a node, 'node1 NPU 3', a file, a request.")
-    check: str = Field(description="Which check, e.g. 'free space', 'link', 'sha256'.")
+    subject: str
+    check: str
     ok: bool
-    detail: str = Field(default="", description="The value seen, or what is wrong and where.")
+    detail: str = ""
 
 
 def now() -> datetime:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from k3deploy.tasks.transport import SSHTransport
 
+from k3deploy.tasks.transport import SSHTransport
 from tests.configs import site_data, with_changes
 
 

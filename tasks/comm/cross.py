@@ -7,21 +7,13 @@ is taken as intended and every node/NPU that differs is named.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from k3deploy.agreement import majority
 from k3deploy.tasks.comm.report import Finding, fail
 
 Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)
-
-
-def majority(values: Iterable[str]) -> str | None:
-    """The most common value, or None when two values tie for first place (nobody can tell the odd one)."""
-    top = Counter(values).most_common(2)
-    if not top or (len(top) == 2 and top[0][1] == top[1][1]):
-        return None
-    return top[0][0]
 
 
 def _nodes_with(values: Mapping[Key, str], value: str) -> str:

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
+from k3deploy.errors import CommandTimeout, TransportError
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import PingTarget, consistent, ping_plan
 from k3deploy.tasks.comm.report import CommReport, Finding, fail, first_line, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
-
-from k3deploy.errors import CommandTimeout, TransportError
 
 MAX_SECTIONS = 1000  # per script: keeps it well under the remote shell's 128 KiB argument limit
 

@@ -1,4 +1,4 @@
-"""The Prefect task of the comm stage: a thin wrapper over run_comm_checks that publishes the table."""
+"""The Prefect task of the comm stage: a thin wrapper over run_comm_checks, cached while it passes."""
 
 from __future__ import annotations
 
@@ -7,30 +7,37 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.tasks.comm.report import CommReport
-from k3deploy.tasks.comm.runner import run_comm_checks
-from k3deploy.tasks.transport.factory import open_transports
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.variables import Variable
 
+from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
+from k3deploy.stage import Finding
+from k3deploy.tasks.comm.report import CommReport
+from k3deploy.tasks.comm.runner import run_comm_checks
+from k3deploy.tasks.transport.factory import open_transports
 
-FAILURES_SHOWN = 20
 
-
-class CommStageFailed(K3DeployError):
-    """A node, NPU or link failed a communication check."""
+class CommChecksFailed(K3DeployError):
+    """Raised by the task so that a failed run is never cached; the flow turns it into CommStageFailed."""
 
     def __init__(self, report: CommReport) -> None:
-        lines = [
-            f"{r.node}{f' NPU {r.npu}' if r.npu is not None else ''}: {r.check}: {r.detail}" for r in report.failures
-        ]
-        more = f"\n  … and {len(lines) - FAILURES_SHOWN} more" if len(lines) > FAILURES_SHOWN else ""
-        super().__init__(report.summary() + "\n  " + "\n  ".join(lines[:FAILURES_SHOWN]) + more)
+        super().__init__(report.summary())
         self.report = report
+
+
+def findings(report: CommReport) -> list[Finding]:
+    """The report's rows as the stage contract's findings: subject 'node', 'node NPU n' or 'node NPU n → peer'."""
+    return [
+        Finding(
+            f"{r.node}{f' NPU {r.npu}' if r.npu is not None else ''}{f' → {r.peer}' if r.peer else ''}",
+            r.check,
+            r.ok,
+            r.detail,
+        )
+        for r in report.rows
+    ]
 
 
 def _cluster_hash(cfg: DeploymentConfig) -> str:
@@ -56,16 +63,12 @@ def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
 # A pass is reused for an hour; a failed run is never cached, and it retires the passes before it.
 @task(name="comm checks", cache_key_fn=_comm_key, cache_expiration=timedelta(hours=1), persist_result=True)
 def comm_checks(cfg: DeploymentConfig, timeout_s: float = 300) -> CommReport:
-    """Run every check on every node and NPU; publish the table; raise (so it is never cached) on a failure."""
+    """Run every check on every node and NPU; raise (so it is never cached) on a failure."""
     with open_transports(cfg.cluster) as transports:
         report = run_comm_checks(transports, cfg.cluster, cfg.serve, timeout_s)
     get_run_logger().info("%s (phases: %s s)", report.summary(), report.phase_seconds)
-    create_table_artifact(report.table_rows(), key="comm-checks", description=report.summary())
-    if not report.ok:
-        create_table_artifact(report.table_rows(failures_only=True), key="comm-failures", description=report.summary())
-    create_markdown_artifact(f"# Comm\n\n{report.summary()}\n", key="comm-summary")
     if not report.ok:
         name = _epoch_variable(cfg)
         Variable.set(name, int(Variable.get(name, default=0) or 0) + 1, overwrite=True)
-        raise CommStageFailed(report)
+        raise CommChecksFailed(report)
     return report

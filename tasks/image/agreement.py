@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 
+from k3deploy.agreement import majority, split
 from k3deploy.tasks.image.engine import NodeImage, split_ref
 
 
@@ -12,15 +12,16 @@ def image_problems(images: Mapping[str, NodeImage], digest: str | None) -> list[
     """Nodes whose image id differs from the majority's, or that lack the pinned digest."""
     if not images:
         return []
-    counts = Counter(image.id for image in images.values())
-    majority, _ = counts.most_common(1)[0]
+    ids = {node: image.id for node, image in images.items()}
+    usual = majority(ids.values())
     problems = []
+    if usual is None:
+        problems.append(f"the nodes hold different images and no majority: {split(ids, lambda i: i[:19])}")
     for node, image in images.items():
-        if image.id != majority:
-            others = sorted(n for n, i in images.items() if i.id == majority)
-            problems.append(
-                f"{node}: holds image {image.id[:19]} for {image.ref}; {', '.join(others)} hold {majority[:19]}"
-            )
+        if usual is not None and image.id != usual:
+            others = sorted(n for n, i in ids.items() if i == usual)
+            held = f"{node}: holds image {image.id[:19]} for {image.ref}"
+            problems.append(f"{held}; {', '.join(others)} hold {usual[:19]}")
         if digest is not None:
             repository = split_ref(image.ref)[0]
             if image.digest_of(repository) != digest:

@@ -10,8 +10,8 @@ from typing import Any
 import docker
 import docker.errors
 import requests
-from k3deploy.blocks.image import RegistryAuth
 
+from k3deploy.blocks.image import RegistryAuth
 from k3deploy.errors import NodeError
 
 PROBE_LABEL = "k3deploy.probe"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from k3deploy.stage import Finding
 
 PACKAGES = ("vllm", "vllm-ascend")
 PIP_SHOW = ["pip", "show", *PACKAGES]
@@ -11,13 +12,6 @@ PIP_SHOW = ["pip", "show", *PACKAGES]
 SERVE_HELP = ["sh", "-c", "vllm serve --help=all 2>/dev/null || vllm serve --help"]
 KIMI = "kimi_k3"
 KIMI_FLAGS = ("--tokenizer-mode", "--reasoning-parser", "--tool-call-parser")
-
-
-@dataclass(frozen=True)
-class ImageFinding:
-    check: str
-    ok: bool
-    detail: str
 
 
 def parse_pip_show(text: str) -> dict[str, str]:
@@ -38,9 +32,9 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def version_findings(versions: dict[str, str]) -> list[ImageFinding]:
+def version_findings(versions: dict[str, str]) -> list[Finding]:
     return [
-        ImageFinding(
+        Finding("image",
             f"{name} installed", name in versions, versions.get(name, "not installed (pip show found no such package)")
         )
         for name in PACKAGES
@@ -57,15 +51,15 @@ def _flag_help(text: str, flag: str) -> str | None:
     return rest if following is None else rest[: following.start() + len(flag) + 2]
 
 
-def kimi_findings(help_text: str) -> list[ImageFinding]:
+def kimi_findings(help_text: str) -> list[Finding]:
     """The Kimi-K3 tokenizer mode and parsers the seed's `vllm serve` line needs."""
     out = []
     for flag in KIMI_FLAGS:
         paragraph = _flag_help(help_text, flag)
         if paragraph is None:
-            out.append(ImageFinding(f"{flag} {KIMI}", False, f"`vllm serve --help` has no {flag}"))
+            out.append(Finding("image", f"{flag} {KIMI}", False, f"`vllm serve --help` has no {flag}"))
         else:
             ok = re.search(rf"\b{KIMI}\b", paragraph) is not None
             first = paragraph.strip().splitlines()[0][:160]
-            out.append(ImageFinding(f"{flag} {KIMI}", ok, first if ok else f"{KIMI} is not among: {first}"))
+            out.append(Finding("image", f"{flag} {KIMI}", ok, first if ok else f"{KIMI} is not among: {first}"))
     return out

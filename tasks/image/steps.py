@@ -8,25 +8,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.image import ImageConfig
+from k3deploy.errors import TransportError
+from k3deploy.stage import Finding
 from k3deploy.tasks.image import build as building
 from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from k3deploy.tasks.image.probe import (
     PIP_SHOW,
     SERVE_HELP,
-    ImageFinding,
     kimi_findings,
     parse_pip_show,
     version_findings,
 )
 from k3deploy.tasks.transport.base import on_every_node
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
-
-from k3deploy.errors import TransportError
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -42,7 +42,7 @@ class ImageRecord:
     vllm_commit: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)  # node → image id
-    findings: list[ImageFinding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
 
 @task(name="pull image", cache_policy=NO_CACHE)
@@ -127,7 +127,7 @@ def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
 
 
 @task(name="probe image", cache_key_fn=_probe_key, persist_result=True)
-def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[ImageFinding]]:
+def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[Finding]]:
     """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0."""
     node = cluster.nodes[0].name
     with docker_clients(cluster, only=[node]) as clients:
@@ -137,7 +137,7 @@ def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], 
     versions = parse_pip_show(shown)
     findings = version_findings(versions)
     if code != 0:
-        findings.append(ImageFinding("vllm serve --help", False, f"exit {code}: {help_text.strip()[-200:]}"))
+        findings.append(Finding("image", "vllm serve --help", False, f"exit {code}: {help_text.strip()[-200:]}"))
     else:
         findings += kimi_findings(help_text)
     return versions, findings

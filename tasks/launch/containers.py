@@ -9,9 +9,9 @@ from typing import Any
 
 import docker
 import docker.errors
-from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, ContainerSpec
 
 from k3deploy.errors import NodeError
+from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, ContainerSpec
 
 
 class LaunchError(NodeError):

@@ -18,6 +18,7 @@ from typing import Any
 
 import docker.errors
 import requests
+
 from k3deploy.tasks.launch.logwatch import LogBuffer, LogWatcher
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut: memory stays bounded

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
 from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started, labelled, remove_labelled, start_or_adopt
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
@@ -16,27 +20,20 @@ from k3deploy.tasks.launch.readiness import Probe, burst, probe
 from k3deploy.tasks.render import Plan
 from k3deploy.tasks.transport.base import on_every_node
 from k3deploy.tasks.transport.factory import docker_clients
-from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
-
-from k3deploy.errors import K3DeployError
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
 
 class LaunchFailed(K3DeployError):
-    """The service did not come up: a fatal line, a container exit, or the ready timeout."""
+    """The service did not come up: a fatal line, a container exit, or the ready timeout.
+
+    `record` (milestones, each node's last log lines) is attached by wait_until_ready.
+    """
 
     def __init__(self, message: str, failure: Failure | None = None) -> None:
         super().__init__(message)
         self.failure = failure
-
-
-def runs_dir() -> Path:
-    """Where per-run files (container logs) go: $K3DEPLOY_RUNS_DIR, else ./runs."""
-    return Path(os.environ.get("K3DEPLOY_RUNS_DIR", "runs"))
+        self.record: LaunchRecord | None = None
 
 
 @dataclass
@@ -48,6 +45,7 @@ class LaunchRecord:
     log_files: dict[str, str] = field(default_factory=dict)
     burst_requests: int = 0
     failure: str | None = None
+    tails: dict[str, list[str]] = field(default_factory=dict)  # node → its last log lines
 
 
 @task(name="start containers", cache_policy=NO_CACHE)
@@ -65,13 +63,15 @@ def start_containers(cfg: DeploymentConfig, plan: Plan) -> dict[str, Started]:
 
 
 @task(name="wait until ready", cache_policy=NO_CACHE)
-def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Started], run_id: str) -> LaunchRecord:
+def wait_until_ready(
+    cfg: DeploymentConfig, plan: Plan, started: dict[str, Started], run_id: str, logs: Path
+) -> LaunchRecord:
     """Follow every container until node 0 answers real requests; fail at the first fatal line or exit."""
     logger = get_run_logger()
     ready = cfg.serve.readiness
     record = LaunchRecord(run_id, {n: s.adopted for n, s in started.items()})
     watcher = LogWatcher(load_patterns())
-    monitor = LaunchMonitor(watcher, runs_dir() / run_id / "logs")
+    monitor = LaunchMonitor(watcher, logs)
     base_url = f"http://{cfg.cluster.nodes[0].address}:{cfg.serve.service_port}"
     t0 = time.monotonic()
     deadline = t0 + ready.timeout_s
@@ -110,33 +110,19 @@ def wait_until_ready(cfg: DeploymentConfig, plan: Plan, started: dict[str, Start
             logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
         except LaunchFailed as err:
             record.failure = str(err)
+            err.record = record  # completed by the finally below
             raise
         finally:
             monitor.stop()
             record.milestones = watcher.milestone_rows(t0)
             record.log_files = {node: str(buffer.path) for node, buffer in monitor.buffers.items()}
-            publish_launch_artifacts(record, {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()})
+            record.tails = {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()}
     return record
 
 
 def _raise_if_failed(monitor: LaunchMonitor) -> None:
     if monitor.failure is not None:
         raise LaunchFailed(monitor.failure.describe(), monitor.failure)
-
-
-def publish_launch_artifacts(record: LaunchRecord, tails: dict[str, list[str]]) -> None:
-    """Milestones and each node's last log lines, in the UI, whether the launch passed or failed."""
-    if record.milestones:
-        create_table_artifact(record.milestones, key="launch-milestones", description="start-up milestones per node")
-    if record.failure:
-        verdict = f"**FAILED**: {record.failure}"
-    else:
-        verdict = f"ready after **{record.time_to_ready_s} s**; {record.burst_requests} concurrent requests answered"
-    sections = [
-        f"## {node}\n\nfull log: `{record.log_files.get(node, '?')}`\n\n```\n" + "\n".join(lines) + "\n```"
-        for node, lines in tails.items()
-    ]
-    create_markdown_artifact(f"# Launch\n\n{verdict}\n\n" + "\n\n".join(sections) + "\n", key="launch-summary")
 
 
 def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:

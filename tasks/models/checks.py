@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from k3deploy.agreement import majority, split
 from k3deploy.blocks.models import SPECULATIVE_TOKENS, DraftSpec
+from k3deploy.stage import Finding
 from k3deploy.tasks.models.listing import Listing
 from k3deploy.tasks.models.node_agent import Manifest
 
@@ -23,16 +25,6 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 QUANT_DESCRIPTION = "quant_model_description.json"  # msModelSlim's metadata, read by vLLM-Ascend
 ROTATION = re.compile(r"quarot|rotation|hadamard", re.IGNORECASE)
 DOCUMENTS = ("config.json", QUANT_DESCRIPTION)  # read back from node 0 for the checks below
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One row of the checkpoint checks table."""
-
-    checkpoint: str
-    check: str
-    ok: bool
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -66,15 +58,21 @@ def differing_nodes(manifests: dict[str, Manifest], files: Iterable[str]) -> dic
         return m.commit, tuple((p, (m.files[p].sha256 or m.files[p].git_blob) if p in m.files else None) for p in paths)
 
     keys = {node: key(m) for node, m in manifests.items()}
-    majority = max(set(keys.values()), key=lambda k: sum(v == k for v in keys.values()))
+    usual = majority(keys.values())
+    if usual is None:
+        variants = {
+            k: f"copy {chr(65 + i)} (commit {k[0] or 'none complete'})"
+            for i, k in enumerate(dict.fromkeys(keys.values()))
+        }
+        return dict.fromkeys(keys, f"no majority of nodes hold the same files: {split(keys, variants.__getitem__)}")
     out = {}
     for node, k in keys.items():
-        if k == majority:
+        if k == usual:
             continue
-        if k[0] != majority[0]:
-            out[node] = f"commit {k[0] or '(none complete)'}, the other nodes have {majority[0] or '(none complete)'}"
+        if k[0] != usual[0]:
+            out[node] = f"commit {k[0] or '(none complete)'}, the other nodes have {usual[0] or '(none complete)'}"
         else:
-            bad = [p for (p, h), (_, mh) in zip(k[1], majority[1], strict=True) if h != mh]
+            bad = [p for (p, h), (_, mh) in zip(k[1], usual[1], strict=True) if h != mh]
             out[node] = f"{len(bad)} file(s) differ: {', '.join(bad[:5])}"
     return out
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.models import DraftSpec
+from k3deploy.stage import Finding
 from k3deploy.tasks.models.checks import (
     QUANT_DESCRIPTION,
-    Finding,
     SpaceNeed,
     differing_nodes,
     draft_findings,
@@ -150,35 +150,25 @@ class ModelsOutcome:
     checkpoints: list[CheckpointOutcome]
     findings: list[Finding]
 
-    def problems(self) -> list[str]:
-        out = [p for c in self.checkpoints for p in c.problems()]
-        return out + [f"{f.checkpoint}: {f.check}: {f.detail}" for f in self.findings if not f.ok]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems()
-
     def record(self) -> dict[str, Any]:
-        return {
-            "verdict": "pass" if self.ok else "fail",
-            "checkpoints": [c.record() for c in self.checkpoints],
-            "checks": [vars(f) for f in self.findings],
-            "problems": self.problems(),
-        }
+        """Stage data for the run record: each checkpoint's repo, commit, files and nodes, and the checks."""
+        return {"checkpoints": [c.record() for c in self.checkpoints], "checks": [vars(f) for f in self.findings]}
 
-    def markdown(self) -> str:
-        lines = [f"# Models: {'PASS' if self.ok else 'FAIL'}", ""]
+    def summary_lines(self) -> list[str]:
+        """What was verified where, for the stage summary."""
+        lines = []
         for c in self.checkpoints:
             lines.append(
-                f"- **{c.role}** `{c.listing.repo}` commit `{c.listing.commit}`: {len(c.listing.files)} files, "
+                f"**{c.role}** `{c.listing.repo}` commit `{c.listing.commit}`: {len(c.listing.files)} files, "
                 f"{c.listing.total_bytes / 1e9:.2f} GB at `{c.path}`"
             )
-            lines += [f"  - {node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
-        lines += ["", "| checkpoint | check | verdict | detail |", "|---|---|---|---|"]
-        lines += [f"| {f.checkpoint} | {f.check} | {'ok' if f.ok else 'FAIL'} | {f.detail} |" for f in self.findings]
-        if self.problems():
-            lines += ["", "## Problems", *[f"- {p}" for p in self.problems()]]
-        return "\n".join(lines) + "\n"
+            lines += [f"{node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
+        return lines
+
+    def problem_findings(self) -> list[Finding]:
+        """Every file problem as a failed finding (node and file named in the detail), then the content checks."""
+        files = [Finding(c.role, "files", False, p) for c in self.checkpoints for p in c.problems()]
+        return files + self.findings
 
 
 def content_findings(

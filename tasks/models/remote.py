@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3deploy.errors import NodeError
 from k3deploy.tasks.models import node_agent
 from k3deploy.tasks.models.listing import Listing
 from k3deploy.tasks.models.node_agent import FileCheck, Manifest
 from k3deploy.tasks.transport.base import CommandResult, OutputCallback, Transport, on_every_node
-
-from k3deploy.errors import NodeError
 
 AGENT_SOURCE = Path(node_agent.__file__).read_bytes()
 SEPARATOR = b"\n#k3deploy-job\n"

@@ -8,17 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.models import CheckpointSpec, ModelsConfig
 from k3deploy.tasks.models.checks import DOCUMENTS
 from k3deploy.tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
 from k3deploy.tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
 from k3deploy.tasks.transport.factory import open_transports
-from prefect import task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
 COMMIT = re.compile(r"[0-9a-f]{40}")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import docker
 from docker.transport import SSHHTTPAdapter
-from k3deploy.tasks.transport.ssh import SSHTransport
 
 from k3deploy.errors import ConnectionFault
+from k3deploy.tasks.transport.ssh import SSHTransport
 
 # The oldest API version docker-py accepts; only used until the engine reports its own.
 _BOOTSTRAP_API_VERSION = "1.24"

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Collection, Iterator
 
 import docker
+
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.tasks.transport.base import Transport
 from k3deploy.tasks.transport.docker_api import docker_client

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 
+from k3deploy.errors import CommandTimeout, TransportError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     Command,
@@ -17,8 +18,6 @@ from k3deploy.tasks.transport.base import (
     OutputCollector,
     shell_command,
 )
-
-from k3deploy.errors import CommandTimeout, TransportError
 
 READER_GRACE_S = 1.0
 

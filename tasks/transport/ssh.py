@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import paramiko
+from pydantic import SecretStr
+
+from k3deploy.errors import CommandTimeout, ConnectionFault, HostKeyError, TransportError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     TIMEOUT_EXIT_CODES,
@@ -20,9 +23,6 @@ from k3deploy.tasks.transport.base import (
     shell_command,
     with_timeout,
 )
-from pydantic import SecretStr
-
-from k3deploy.errors import CommandTimeout, ConnectionFault, HostKeyError, TransportError
 
 _KEY_TYPES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
 _CONNECT_FAULTS = (OSError, socket.timeout, EOFError, paramiko.SSHException)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from k3deploy.blocks import DeploymentConfig, parse_config
 from k3deploy.tasks.render import render_plan
-
 from tests.configs import site_data
 
 pytestmark = pytest.mark.prefect

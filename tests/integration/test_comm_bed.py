@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.tasks.comm import CommReport, run_comm_checks

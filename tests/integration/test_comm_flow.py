@@ -6,9 +6,9 @@ import random
 from pathlib import Path
 
 import pytest
-from k3deploy.flows.comm import comm
-from k3deploy.tasks.comm.steps import CommStageFailed
 
+from k3deploy.errors import CommStageFailed
+from k3deploy.flows.comm import comm
 from tests.bedconfig import bed_config, write_config
 from tests.prefect_runs import task_states
 
@@ -27,7 +27,8 @@ def test_healthy_bed_passes_and_a_rerun_reuses_the_pass_unless_asked_fresh(prefe
     path = config(testbed, tmp_path)
     first = comm(config=path, fresh=True, return_state=True)
     assert first.is_completed() and task_state(first) == "Completed"
-    assert first.result()["summary"].startswith("comm OK: ") and first.result()["summary"].endswith(", 0 failed")
+    summary = first.result().summary
+    assert summary.startswith("comm OK: ") and summary.endswith(", 0 failed")
     again = comm(config=path, return_state=True)
     assert task_state(again) == "Cached"
     assert task_state(comm(config=path, fresh=True, return_state=True)) == "Completed"
@@ -39,7 +40,7 @@ def test_a_failure_names_node_and_npu_and_is_not_reused(prefect_server, testbed,
     with pytest.raises(CommStageFailed) as failed:
         comm(config=path, fresh=True)
     assert "node1 NPU 3: link" in str(failed.value)
-    assert {(r.node, r.npu) for r in failed.value.report.failures if r.check == "link"} == {("node1", 3)}
+    assert {f.subject for f in failed.value.result.failures if f.check == "link"} == {"node1 NPU 3"}
     testbed_faults.clear()
     healed = comm(config=path, return_state=True)  # the failure was not cached: the checks run again
     assert healed.is_completed() and task_state(healed) == "Completed"

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k3deploy.flows.image import ImageStageFailed, image
-from k3deploy.tasks.transport import docker_client
 
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import ImageStageFailed, K3DeployError
+from k3deploy.flows.image import image
+from k3deploy.tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config
 
 pytestmark = [pytest.mark.image, pytest.mark.testbed, pytest.mark.prefect]
@@ -41,7 +41,8 @@ def engines(testbed) -> Iterator[dict[str, Any]]:
 
 def run_image(tmp_path: Path, bed, **changes: Any) -> dict[str, Any]:
     data = bed_config(bed, **changes)
-    return image(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data))
+    result = image(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data))
+    return result.data | {"verdict": result.verdict.value}
 
 
 def pinned(bed) -> dict[str, Any]:

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from k3deploy.blocks.serve import SEED_ENV
+from k3deploy.errors import LaunchStageFailed
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL
-from k3deploy.tasks.launch.steps import LaunchFailed
 from k3deploy.tasks.transport import docker_client
-
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.prefect_runs import latest_artifact
 
@@ -84,7 +84,7 @@ def test_four_containers_start_in_order_become_ready_and_teardown_twice_is_harml
     prefect_server, testbed, bed_nodes, tmp_path
 ):
     config = launch_config(testbed, tmp_path)
-    record = launch(config=config)
+    record = launch(config=config).data
 
     assert record["time_to_ready_s"] is not None and record["burst_requests"] == 16
     clients = bed_nodes["clients"]
@@ -97,12 +97,12 @@ def test_four_containers_start_in_order_become_ready_and_teardown_twice_is_harml
     assert "Application startup complete." in Path(record["log_files"]["node0"]).read_text()
 
     # Launching again with the same config adopts the running containers: never two servers per node.
-    again = launch(config=config)
+    again = launch(config=config).data
     assert again["started"] == dict.fromkeys(containers, True)
 
     first = teardown(config=config)
-    assert first == {n: [NAME] for n in containers}
-    assert teardown(config=config) == {n: [] for n in containers}
+    assert first.data["removed"] == {n: [NAME] for n in containers}
+    assert teardown(config=config).data["removed"] == {n: [] for n in containers}
     assert not any(ours(bed_nodes).values())
 
 
@@ -111,22 +111,25 @@ def test_fatal_line_in_one_worker_fails_the_launch_naming_it_and_nothing_is_left
 ):
     line = "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB"
     control(bed_nodes, "node2", K3SIM_FATAL_LINE=line, K3SIM_FATAL_AFTER_S=1, K3SIM_FATAL_KEEP_RUNNING=1)
-    with pytest.raises(LaunchFailed) as failed:
+    with pytest.raises(LaunchStageFailed) as failed:
         launch(config=launch_config(testbed, tmp_path, startup_s=600))  # it would never be ready
-    failure = failed.value.failure
-    assert failure is not None and (failure.node, failure.rank) == ("node2", 2)
-    assert failure.line == line and "fatal log line" in failure.reason
-    assert failure.emitted_at is not None and failure.seen_at >= failure.emitted_at
+    failure = failed.value.result.data["failed_rank"]
+    assert (failure["node"], failure["rank"]) == ("node2", 2)
+    assert failure["line"] == line and "fatal log line" in failure["reason"]
+    assert failure["emitted_at"] is not None and failure["seen_at"] >= failure["emitted_at"]
     summary = latest_artifact("launch-summary")  # the UI shows why, and node2's last lines, for a failure too
-    assert "**FAILED**: node2 (DP rank 2): fatal log line" in summary and summary.count(line) >= 2
+    assert "# launch: FAIL" in summary and "node2 (DP rank 2): fatal log line" in summary
+    assert summary.count(line) >= 2
     assert not any(ours(bed_nodes).values())  # the failure hook removed all four
 
 
 def test_worker_exiting_early_is_caught_whatever_its_exit_code(prefect_server, testbed, bed_nodes, tmp_path):
     control(bed_nodes, "node3", K3SIM_DIE_AFTER_S=1, K3SIM_DIE_EXIT_CODE=0)
-    with pytest.raises(LaunchFailed) as failed:
+    with pytest.raises(LaunchStageFailed) as failed:
         launch(config=launch_config(testbed, tmp_path, startup_s=600))
-    assert str(failed.value).startswith("node3 (DP rank 3): the container exited (status 0) during launch")
+    assert str(failed.value).startswith(
+        "launch failed: node3 (DP rank 3): the container exited (status 0) during launch"
+    )
     assert not any(ours(bed_nodes).values())
 
 
@@ -149,7 +152,7 @@ def test_a_crashed_launch_process_leaves_no_container(prefect_server, testbed, b
 
     config = launch_config(testbed, tmp_path, startup_s=600)
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "K3DEPLOY_RUNS_DIR": str(tmp_path / "runs")}
-    code = f"from flows.launch import launch; launch(config={config!r})"
+    code = f"from k3deploy.flows.launch import launch; launch(config={config!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[2])
     try:
         deadline = time.monotonic() + 120

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k3deploy.flows.models import ModelsStageFailed, models
+
+from k3deploy.errors import K3DeployError, ModelsStageFailed
+from k3deploy.flows.models import models
+from k3deploy.stage import StageResult, failure_lines
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import SSHTransport
-
-from k3deploy.errors import K3DeployError
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 from tests.bedconfig import bed_config, bed_transports, write_config
@@ -66,6 +67,11 @@ def sh(transport: SSHTransport, command: str) -> str:
     return transport.run(command, 30).check().stdout
 
 
+def as_record(result: StageResult) -> dict[str, Any]:
+    """The stage data with its verdict and failure lines, as the tests read them."""
+    return result.data | {"verdict": result.verdict.value, "problems": failure_lines(result.findings)}
+
+
 def run_models(tmp_path: Path, bed, hub: HubServer, repo: str, hosts: int = 4, **changes: Any) -> dict[str, Any]:
     download = changes.pop("download", True)
     data = bed_config(
@@ -76,7 +82,8 @@ def run_models(tmp_path: Path, bed, hub: HubServer, repo: str, hosts: int = 4, *
         models__target={"repo": repo, **changes.pop("target", {})},
         **changes,
     )
-    return models(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data), download=download)
+    result = models(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data), download=download)
+    return as_record(result)
 
 
 def file_gets(hub: HubServer, repo: str) -> list[tuple[str, str | None]]:
@@ -167,7 +174,7 @@ def test_node_with_a_different_revision_is_named(prefect_server, testbed, hub, n
         models__hub_endpoint=hub.url,
         models__target={"repo": repo, "revision": old_commit},
     )
-    assert models(config=write_config(tmp_path / "node2-old.yaml", data))["verdict"] == "pass"
+    assert models(config=write_config(tmp_path / "node2-old.yaml", data)).verdict == "pass"
 
     with pytest.raises(ModelsStageFailed) as failed:
         run_models(tmp_path, testbed, hub, repo, download=False)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
 from k3deploy.blocks import parse_config
 from k3deploy.tasks.render import render_plan
-
 from testbed.standin import image as standin_image
 from testbed.standin import vllm_standin
 from tests.configs import site_data, with_changes

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from k3deploy.tasks.transport import SSHTransport, docker_client, run_all
 
 from k3deploy.errors import CommandFailed, CommandTimeout, ConnectionFault, HostKeyError
+from k3deploy.tasks.transport import SSHTransport, docker_client, run_all
 
 pytestmark = [pytest.mark.testbed, pytest.mark.transport]
 

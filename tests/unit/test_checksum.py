@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from k3deploy.tasks.models.listing import Listing, RemoteFile, ms_file
 from k3deploy.tasks.models.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
 

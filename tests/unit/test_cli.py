@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k3deploy.blocks import parse_config
-from k3deploy.tasks.render import render_plan
 
+from k3deploy.blocks import parse_config
 from k3deploy.errors import ConfigError
+from k3deploy.tasks.render import render_plan
 from tests.configs import site_data
 
 pytestmark = pytest.mark.config
@@ -67,11 +67,44 @@ def test_local_profile_plans_without_a3_settings():
     assert "--device" not in node0["docker_run_argv"]
 
 
-@pytest.mark.parametrize("command", [["run", "-c", "x.yaml"], ["report", "r1"]])
-def test_unbuilt_stages_say_so_and_fail(command):
-    out = k3deploy(*command)
-    assert out.returncode == 2
-    assert "not yet available" in out.stderr
+@pytest.mark.cli
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, "{path}: cannot read the file: No such file or directory"),
+        ("cluster:\n  nodes: [\n", "{path}: line 3, column 1: not valid YAML: expected the node content"),
+        (
+            yaml.safe_dump(site_data() | {"cluster": site_data()["cluster"] | {"nodez": 1}}),
+            "{path}: cluster.nodez: unknown key",
+        ),
+    ],
+    ids=["missing", "syntax", "unknown-key"],
+)
+def test_a_bad_config_is_one_line_naming_file_and_field_with_no_traceback(tmp_path, text, expected):
+    path = tmp_path / "site.yaml"
+    if text is not None:
+        path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"K3DEPLOY_HOME": str(tmp_path / "home")}
+    out = k3deploy("rerun", "-c", str(path), "models", env=env)
+    assert out.returncode == 1 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("k3deploy: error: " + expected.format(path=path)), out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "home").exists()  # refused before any Prefect server was started
+
+
+@pytest.mark.cli
+def test_debug_shows_the_traceback(tmp_path):
+    out = k3deploy("--debug", "rerun", "-c", str(tmp_path / "none.yaml"), "models")
+    assert out.returncode == 1 and "Traceback" in out.stderr and "cannot read the file" in out.stderr
+
+
+@pytest.mark.cli
+def test_report_of_an_unknown_run_says_where_it_looked(tmp_path):
+    out = k3deploy("report", "nope", "--runs-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"k3deploy: error: no recorded run 'nope' in {tmp_path}/ (see `k3deploy runs`)"
 
 
 def test_secrets_never_reach_the_plan(site_file):
@@ -122,7 +155,8 @@ def test_readme_reference_is_current():
     assert readme[start : readme.index("<!-- /config-reference -->")].strip() == config_reference().strip()
 
 
+@pytest.mark.cli
 def test_rerun_names_the_stages_it_can_run():
     out = k3deploy("rerun", "-c", "x.yaml", "bench")
     assert out.returncode == 2
-    assert "stage 'bench' is not available; available: models, comm, image, launch, teardown" in out.stderr
+    assert "unknown stage 'bench'; stages: preflight, models, comm, image, launch, teardown" in out.stderr

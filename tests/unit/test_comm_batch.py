@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from k3deploy.tasks.comm.batch import MAX_SCRIPT, Section, parse_output, render_script
 from k3deploy.tasks.comm.npu_checks import ToolPaths
 from k3deploy.tasks.comm.runner import phase1_sections

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from k3deploy.tasks.comm.cross import consistent, majority, ping_peers, ping_plan
+
+from k3deploy.agreement import majority
+from k3deploy.tasks.comm.cross import consistent, ping_peers, ping_plan
 from k3deploy.tasks.comm.report import fail, ok
 
 pytestmark = pytest.mark.comm

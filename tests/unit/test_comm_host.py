@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from k3deploy.tasks.comm import host_checks as hc
 
 pytestmark = pytest.mark.comm

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.report import Finding
 

@@ -9,15 +9,15 @@ import shlex
 from pathlib import Path
 
 import pytest
+
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
+from k3deploy.errors import CommandTimeout, ConnectionFault
 from k3deploy.tasks.comm import runner
 from k3deploy.tasks.comm.batch import parse_output
 from k3deploy.tasks.comm.npu_checks import ToolPaths
 from k3deploy.tasks.comm.runner import cross_node, interpret_phase1, phase1_sections, run_comm_checks
 from k3deploy.tasks.transport import CommandResult
-
-from k3deploy.errors import CommandTimeout, ConnectionFault
 from testbed import layout
 from testbed.npusim import formats
 from testbed.npusim.cli import Context, run_hccn_tool, run_npu_smi

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from k3deploy.tasks.comm.npu_checks import ToolPaths, spod_info_cmd
 from k3deploy.tasks.comm.topology import board_die, boards, logical_id
 

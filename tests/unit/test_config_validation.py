@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from k3deploy.blocks import load_config, parse_config
 
+from k3deploy.blocks import load_config, parse_config
 from k3deploy.errors import ConfigError
 from tests.configs import REFERENCE, site_data, with_changes
 

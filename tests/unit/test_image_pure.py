@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
+
 from k3deploy.blocks.image import ImageBuild
 from k3deploy.tasks.image import build
 from k3deploy.tasks.image.agreement import image_problems

@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from k3deploy.errors import ConfigError
 from k3deploy.tasks.launch.logwatch import (
     DEFAULT_PATTERNS,
     MAX_EVENT_LINE,
@@ -18,8 +20,6 @@ from k3deploy.tasks.launch.logwatch import (
     required_literals,
     strip_ansi,
 )
-
-from k3deploy.errors import ConfigError
 
 pytestmark = pytest.mark.launch
 PATTERNS = load_patterns()

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from k3deploy.tasks.models.checks import differing_nodes
 from k3deploy.tasks.models.listing import Listing, RemoteFile
 from k3deploy.tasks.models.node_agent import load_manifest, verify_checkpoint, write_manifest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from k3deploy.blocks.models import DraftSpec
 from k3deploy.tasks.models.checks import (
     SpaceNeed,
@@ -134,10 +135,11 @@ def test_progress_lines_are_summed_across_nodes():
 
 
 def test_the_hub_token_travels_on_stdin_only():
+    from pydantic import SecretStr
+
     from k3deploy.tasks.models.listing import auth_headers
     from k3deploy.tasks.models.remote import agent_command, agent_input
     from k3deploy.tasks.transport.base import with_timeout
-    from pydantic import SecretStr
 
     body = job(
         "fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], headers=auth_headers(SecretStr("hf_tok"))

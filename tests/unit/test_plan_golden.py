@@ -6,9 +6,9 @@ import json
 import shlex
 
 import pytest
+
 from k3deploy.blocks import parse_config
 from k3deploy.tasks.render import render_plan
-
 from tests import seed
 from tests.configs import DIGEST, SITE, site_data, with_changes
 

@@ -7,11 +7,11 @@ import subprocess
 import uuid
 
 import pytest
+
+from k3deploy.errors import CommandFailed, CommandTimeout
 from k3deploy.tasks.transport import LocalTransport, run_all, transports_for
 from k3deploy.tasks.transport.base import OutputCollector, shell_command, with_timeout
 from k3deploy.tasks.transport.ssh import SSHTransport
-
-from k3deploy.errors import CommandFailed, CommandTimeout
 
 pytestmark = pytest.mark.transport
 
@@ -83,7 +83,6 @@ def test_fan_out_refuses_a_node_without_transport():
 
 def test_transports_follow_the_configuration():
     from k3deploy.blocks import parse_config
-
     from tests.configs import site_data
 
     cfg = parse_config(site_data())

@@ -17,7 +17,6 @@ from typing import Any
 from k3deploy.tasks.comm.batch import render_script
 from k3deploy.tasks.comm.npu_checks import ToolPaths
 from k3deploy.tasks.comm.runner import phase1_sections
-
 from testbed.layout import load_state, resolve_state_file
 
 HERE = Path(__file__).parent

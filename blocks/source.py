@@ -1,0 +1,25 @@
+"""How a flow is told its deployment, and turning that into the parsed config once, at the boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.loader import load_config
+from k3deploy.errors import ConfigError
+
+ConfigSource = str | DeploymentConfig
+"""How a flow is told its deployment: a YAML path, a saved DeploymentConfig block's name, or the config."""
+
+
+def resolve_config(source: ConfigSource) -> DeploymentConfig:
+    """The parsed config, whatever form it came in; resolved once, at the boundary of a run."""
+    if isinstance(source, DeploymentConfig):
+        return source
+    if source.endswith((".yaml", ".yml")) or "/" in source or Path(source).exists():
+        return load_config(source)
+    try:
+        return DeploymentConfig.load(source)
+    except ValueError:
+        problem = "no such YAML file, and no saved DeploymentConfig block of that name"
+        raise ConfigError([("", problem)], source) from None

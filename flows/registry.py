@@ -1,0 +1,81 @@
+"""The stage registry: every stage once, in pipeline order. The CLI, `validate` and the deployments read it.
+
+Imports nothing heavy, so the CLI can name and check stages before Prefect starts.
+"""
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    flow: str  # "module:attribute" of the Prefect flow, imported when first run
+    summary: str
+    needs: tuple[str, ...] = ()  # stages whose effect this one stands on
+    cached: bool = False  # persisted result: a retry of validate does not run it again once it passed
+    options: tuple[str, ...] = ()  # the flow's own parameters besides `config`
+
+    def load(self) -> Any:
+        module, attribute = self.flow.split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+STAGES: tuple[Stage, ...] = (
+    # Never cached: every run connects to every node and checks its host key first.
+    Stage("preflight", "k3deploy.flows.preflight:preflight", "SSH with pinned host keys, node facts"),
+    Stage(
+        "models",
+        "k3deploy.flows.models:models",
+        "checkpoints verified on every node",
+        ("preflight",),
+        True,
+        ("download",),
+    ),
+    Stage("comm", "k3deploy.flows.comm:comm", "NPU links and cross-node pings", ("preflight",), True, ("fresh",)),
+    Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside", ("preflight",), True),
+    # Never cached: what it starts is torn down at the end of every run.
+    Stage(
+        "launch",
+        "k3deploy.flows.launch:launch",
+        "serving and ready on every DP rank",
+        ("models", "comm", "image"),
+        False,
+        ("teardown_after",),
+    ),
+    Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", (), False, ("run_id",)),
+)
+# `validate` always ends with teardown (unless keep_serving) and then writes the run record.
+FINAL = "teardown"
+
+BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+def stage(name: str) -> Stage:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(BY_NAME)}") from None
+
+
+def select(only: list[str] | None = None, start: str | None = None) -> list[Stage]:
+    """The stages a validate run executes before the final teardown, in pipeline order.
+
+    `only` runs just those (preflight is always added: no stage runs without checking host keys);
+    `start` runs from that stage on (preflight first all the same).
+    """
+    if only and start:
+        raise ValueError("give either only or from, not both")
+    body = [s for s in STAGES if s.name != FINAL]
+    names = [s.name for s in body]
+    for name in [*(only or []), *([start] if start else [])]:
+        if name not in BY_NAME:
+            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(BY_NAME)}")
+    if only:
+        chosen = [s for s in body if s.name in only or s.name == "preflight"]
+    elif start:
+        chosen = [s for s in body if s.name == "preflight" or names.index(s.name) >= names.index(start)]
+    else:
+        chosen = body
+    return chosen

@@ -1,0 +1,96 @@
+"""What the CLI prints for people: stage progress, the stage table, a run's summary."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from k3deploy.record import RunRecord
+from k3deploy.stage import StageResult, Verdict, failure_lines
+
+STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIPPED: "yellow", Verdict.NOT_APPLICABLE: "dim"}
+
+
+def verdict_text(verdict: Verdict) -> str:
+    return f"[{STYLE[verdict]}]{verdict.value}[/]"
+
+
+class StageProgress:
+    """Listener for validate: a line when a stage starts and one when it ends."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, stage: str, result: StageResult | None) -> None:
+        if result is None:
+            self.console.print(f"[bold]▶ {stage}[/] …")
+            return
+        figure = result.summary or result.reason
+        self.console.print(f"[bold]■ {stage}[/] {verdict_text(result.verdict)} in {result.seconds:.1f} s  {figure}")
+        for line in failure_lines(result.findings, limit=10):
+            self.console.print(f"    {line}", markup=False, highlight=False)
+
+
+def stage_table(stages: list[StageResult], title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("stage", "verdict", "time", "key figure"):
+        table.add_column(column, overflow="fold")
+    for s in stages:
+        table.add_row(s.stage, verdict_text(s.verdict), f"{s.seconds:.1f} s", s.summary or s.reason)
+    return table
+
+
+def print_stage_result(console: Console, result: StageResult) -> None:
+    console.print(stage_table([result]))
+    if result.reason and result.reason != result.summary:
+        console.print(result.reason, markup=False, highlight=False)
+    for line in failure_lines(result.findings):
+        console.print(f"  {line}", markup=False, highlight=False)
+    if result.artifacts:
+        console.print(f"artifacts: {', '.join(result.artifacts)}")
+
+
+def runs_table(records: list[RunRecord]) -> Table:
+    table = Table()
+    for column in ("run", "started (UTC)", "verdict", "failed stage", "time", "config"):
+        table.add_column(column)
+    for r in records:
+        seconds = (r.ended_at - r.started_at).total_seconds()
+        verdict = Verdict(r.verdict)
+        started = r.started_at.strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            r.run_id, started, verdict_text(verdict), r.failed_stage or "-", f"{seconds:.0f} s", r.config_fingerprint
+        )
+    return table
+
+
+def print_record(console: Console, record: RunRecord) -> None:
+    """A run's record as a readable summary."""
+    seconds = (record.ended_at - record.started_at).total_seconds()
+    console.print(
+        f"run [bold]{record.run_id}[/] ({record.run_name or '-'}): {verdict_text(Verdict(record.verdict))}"
+        f" in {seconds:.0f} s, started {record.started_at:%Y-%m-%d %H:%M:%S} UTC, k3deploy {record.k3deploy_version}"
+    )
+    console.print(f"config {record.config_fingerprint}: {len(record.config['cluster']['nodes'])} nodes")
+    console.print(stage_table(record.stages))
+    for stage in record.stages:
+        for line in failure_lines(stage.findings, limit=10):
+            console.print(f"  {stage.stage}: {line}", markup=False, highlight=False)
+    for c in record.checkpoints:
+        console.print(f"{c.role}: {c.repo} commit {c.commit}, {c.files} files, {c.bytes / 1e9:.2f} GB at {c.path}")
+    if record.image:
+        versions = ", ".join(f"{k} {v}" for k, v in record.image.versions.items())
+        console.print(
+            f"image: {record.image.ref} id {record.image.image_id[:19]} digest {record.image.digest}; {versions}"
+        )
+    if record.node_facts:
+        facts = sorted({fact for per_node in record.node_facts.values() for fact in per_node})
+        table = Table(title="node facts", title_justify="left")
+        table.add_column("node")
+        for fact in facts:
+            table.add_column(fact, overflow="fold")
+        for node, values in record.node_facts.items():
+            table.add_row(node, *[str(values.get(fact, "")) for fact in facts])
+        console.print(table)
+    for node, key in record.host_keys.items():
+        console.print(f"host key {node}: {key}")

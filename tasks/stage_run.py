@@ -1,0 +1,101 @@
+"""One way for a stage flow to collect its findings, publish its artifacts and end: StageRun.
+
+Every stage publishes through `StageRun.publish` (its tables, then a Markdown summary under
+`<stage>-summary`) and ends with `passed()` (a StageResult) or `failed()` (raises the stage's
+StageFailed carrying the same StageResult), so the record and the UI always have the findings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+
+from k3deploy.errors import K3DeployError, StageFailed
+from k3deploy.stage import Finding, StageResult, Verdict, failure_lines, now
+
+
+class StageRun:
+    """The findings, data and tables of one stage while it runs."""
+
+    def __init__(self, stage: str, failure: type[StageFailed] = StageFailed) -> None:
+        self.stage, self.failure = stage, failure
+        self.started_at = now()
+        self.findings: list[Finding] = []
+        self.data: dict[str, Any] = {}
+        self._tables: dict[str, tuple[list[dict[str, Any]], str]] = {}
+        self._notes: list[str] = []
+        self._sections: list[str] = []
+
+    def table(self, name: str, rows: Sequence[dict[str, Any]], description: str = "") -> None:
+        """A table artifact published with the verdict, keyed `<stage>-<name>`."""
+        self._tables[f"{self.stage}-{name}"] = (list(rows), description)
+
+    def note(self, line: str) -> None:
+        """A line of the Markdown summary under the verdict."""
+        self._notes.append(line)
+
+    def section(self, title: str, markdown: str) -> None:
+        """A titled part of the Markdown summary, after the notes (a node's last log lines, say)."""
+        self._sections.append(f"## {title}\n\n{markdown}")
+
+    def result(self, verdict: Verdict, reason: str = "", summary: str = "") -> StageResult:
+        return StageResult(
+            stage=self.stage,
+            verdict=verdict,
+            reason=reason,
+            summary=summary,
+            findings=list(self.findings),
+            data=dict(self.data),
+            started_at=self.started_at,
+            ended_at=now(),
+        )
+
+    def publish(self, result: StageResult) -> StageResult:
+        """Every table, then the summary: the verdict, the notes and the failed findings."""
+        keys = []
+        for key, (rows, description) in self._tables.items():
+            if rows:
+                create_table_artifact(rows, key=key, description=description or None)
+                keys.append(key)
+        head = f"# {self.stage}: {result.verdict.value.upper()}"
+        lines = [head, "", *([result.summary, ""] if result.summary else [])]
+        if result.reason:
+            lines += [result.reason, ""]
+        lines += [f"- {n}" for n in self._notes]
+        bad = failure_lines(result.findings)
+        if bad:
+            lines += ["", "## Failed checks", "", *[f"- {b}" for b in bad]]
+        lines += [f"\n{section}" for section in self._sections]
+        summary_key = f"{self.stage}-summary"
+        create_markdown_artifact("\n".join(lines) + "\n", key=summary_key, description=f"{self.stage} verdict")
+        result.artifacts = [*keys, summary_key]
+        return result
+
+    def passed(self, summary: str = "") -> StageResult:
+        """Publish and return the pass; any failed finding turns it into a failure."""
+        if any(not f.ok for f in self.findings):
+            self.failed(f"{sum(not f.ok for f in self.findings)} check(s) failed", summary)
+        result = self.publish(self.result(Verdict.PASS, summary=summary))
+        get_run_logger().info("%s passed in %.1f s%s", self.stage, result.seconds, f": {summary}" if summary else "")
+        return result
+
+    def not_applicable(self, reason: str) -> StageResult:
+        return self.publish(self.result(Verdict.NOT_APPLICABLE, reason=reason))
+
+    def failed(self, reason: str, summary: str = "") -> NoReturn:
+        """Publish the failure and raise the stage's StageFailed carrying the result."""
+        raise self.failure(self.publish(self.result(Verdict.FAIL, reason=reason, summary=summary)))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[StageRun]:
+        """Any project error inside becomes this stage's failure, with the findings gathered so far."""
+        try:
+            yield self
+        except StageFailed:
+            raise
+        except K3DeployError as err:
+            self.failed(str(err))
