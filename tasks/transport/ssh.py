@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import select
 import socket
@@ -36,6 +38,11 @@ def load_private_key(key: SecretStr) -> paramiko.PKey:
         except (paramiko.SSHException, ValueError):
             continue
     raise TransportError("ssh", "the SSH private key is not an unencrypted Ed25519, ECDSA or RSA key")
+
+
+def openssh_fingerprint(key_blob: bytes) -> str:
+    """A host key's fingerprint as OpenSSH prints it: SHA256 of the key blob, base64 without padding."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key_blob).digest()).decode().rstrip("=")
 
 
 def host_key_entry(host: str, port: int) -> str:
@@ -116,8 +123,8 @@ class SSHTransport:
             raise HostKeyError(
                 self.host,
                 f"host key CHANGED for {host_key_entry(self.address, self.port)}: known_hosts "
-                f"{self.known_hosts} pins {err.expected_key.get_fingerprint().hex()} but the node offers "
-                f"{err.key.get_fingerprint().hex()}; refusing (possible man-in-the-middle or reinstalled node)",
+                f"{self.known_hosts} pins {openssh_fingerprint(err.expected_key.asbytes())} but the node offers "
+                f"{openssh_fingerprint(err.key.asbytes())}; refusing (possible man-in-the-middle or reinstalled node)",
             ) from None
         except paramiko.AuthenticationException:
             client.close()

@@ -1,0 +1,46 @@
+"""The preflight stage: every node reachable over SSH with its pinned host key, and what it offers.
+
+Always runs first and is never served from a cache, so no cached result of a later stage can
+skip connecting to the nodes and checking their host keys.
+"""
+
+from prefect import flow
+from pydantic_core import to_jsonable_python
+
+from k3deploy.blocks.source import ConfigSource, resolve_config
+from k3deploy.errors import PreflightFailed
+from k3deploy.stage import Finding, StageResult
+from k3deploy.tasks.preflight.evaluate import FactResult, table_row
+from k3deploy.tasks.preflight.facts import FACT_NAMES
+from k3deploy.tasks.preflight.gather import gather_node_facts
+from k3deploy.tasks.stage_run import StageRun
+
+
+def record(run: StageRun, results: dict[str, list[FactResult]]) -> None:
+    """Findings (judged facts), the node × fact table and the stage data from every node's facts."""
+    rows, values, host_keys = [], {}, {}
+    for node, facts in results.items():
+        run.findings += [Finding(subject=node, check=f.fact, ok=f.ok, detail=f.detail) for f in facts if f.judged]
+        rows.append(table_row(node, facts))
+        values[node] = {f.fact: to_jsonable_python(f.value) for f in facts if f.value is not None}
+        ssh = next(f for f in facts if f.fact == "ssh")
+        if ssh.state == "ok":
+            host_keys[node] = ssh.value
+            run.note(f"{node} host key {ssh.detail}")
+    run.data = {"nodes": values, "host_keys": host_keys}
+    run.table("facts", rows, f"One row per node, one column per fact ({', '.join(FACT_NAMES)}).")
+
+
+@flow(name="preflight")
+def preflight(config: ConfigSource) -> StageResult:
+    """Every node reachable with its pinned host key, and its facts read and judged; else fail naming node and fact."""
+    run = StageRun("preflight", PreflightFailed)
+    with run.guard():
+        cfg = resolve_config(config)
+        results = gather_node_facts(cfg)
+    record(run, results)
+    bad = [f for f in run.findings if not f.ok]
+    if bad:
+        nodes = sorted({f.subject for f in bad}, key=list(results).index)
+        run.failed(f"{len(bad)} fact(s) failed on {', '.join(nodes)}")
+    return run.passed(f"{len(results)} node(s) reachable with pinned host keys; {len(FACT_NAMES)} facts each")
