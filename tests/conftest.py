@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["testbed.pytest_plugin"]
+pytest_plugins = ["testbed.pytest_plugin", "tests.launchbed"]
 
 
 @pytest.fixture(scope="session")

@@ -24,24 +24,11 @@ from k3deploy.tasks.transport import SSHTransport
 from testbed.hub import HubServer
 from testbed.hub_store import publish
 from tests.bedconfig import bed_config, bed_transports, write_config
+from tests.checkpoints import SHARD, checkpoint_files
 from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
-SHARD = "model-00001-of-00002.safetensors"
 TEST_CHECKPOINTS = ("fresh", "corrupt", "revisions", "nospace", "resume")
-
-
-def checkpoint_files(seed: int, shard_bytes: int = 3 * 1024 * 1024 + 7) -> dict[str, bytes]:
-    rnd = random.Random(seed)
-    return {
-        "config.json": json.dumps({"architectures": ["KimiK3ForCausalLM"], "vocab_size": 1000}).encode(),
-        "quant_model_description.json": json.dumps({"model_quant_type": "W4A8_DYNAMIC"}).encode(),
-        "tokenizer_config.json": b'{"tokenizer_class": "PreTrainedTokenizerFast"}',
-        "tokenizer.json": rnd.randbytes(3000),
-        "preprocessor_config.json": b'{"image_processor_type": "KimiK3ImageProcessor"}',
-        SHARD: rnd.randbytes(shard_bytes),
-        "model-00002-of-00002.safetensors": rnd.randbytes(1024 * 1024 + 1),
-    }
 
 
 @pytest.fixture(scope="module")
