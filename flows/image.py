@@ -6,7 +6,7 @@ from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import ImageStageFailed
-from k3deploy.stage import Finding, StageResult
+from k3deploy.stage import StageResult
 from k3deploy.tasks.image.agreement import image_problems
 from k3deploy.tasks.image.engine import split_ref
 from k3deploy.tasks.image.steps import ImageRecord, build_image, probe_image, pull_image
@@ -28,7 +28,7 @@ def image(config: ConfigSource) -> StageResult:
             record.digest = cfg.image.digest or next(iter(held.values())).digest_of(repository)
         record.nodes = {node: held_image.id for node, held_image in held.items()}
         problems = image_problems(held, cfg.image.digest if cfg.image.build is None else None)
-        run.findings = [Finding(p.split(":", 1)[0], "same image", False, p) for p in problems]
+        run.findings = problems
         if not problems:
             record.image_id = next(iter(held.values())).id
             record.versions, record.findings = probe_image(cfg.cluster, record.image_id)

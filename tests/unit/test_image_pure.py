@@ -88,11 +88,25 @@ def test_the_odd_node_and_a_wrong_digest_are_named():
         "node3": NodeImage("node3", "reg/img:1", "sha256:" + "2" * 64, ("reg/img@sha256:" + "e" * 64,))
     }
     problems = image_problems(held, digest)
-    assert problems == [
-        "node3: holds image sha256:222222222222 for reg/img:1; node0, node1, node2 hold sha256:111111111111",
-        f"node3: reg/img:1 is at sha256:{'e' * 64}, not the pinned {digest}",
+    assert [(f.subject, f.check, f.ok, f.detail) for f in problems] == [
+        (
+            "node3",
+            "same image",
+            False,
+            "holds image sha256:222222222222 for reg/img:1; node0, node1, node2 hold sha256:111111111111",
+        ),
+        ("node3", "pinned digest", False, f"reg/img:1 is at sha256:{'e' * 64}, not the pinned {digest}"),
     ]
     assert image_problems({k: v for k, v in held.items() if k != "node3"}, digest) == []
+
+
+def test_an_even_split_names_no_odd_node_but_shows_the_split():
+    one, two = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    held = {f"node{i}": NodeImage(f"node{i}", "reg/img:1", one if i < 2 else two, ()) for i in range(4)}
+    problems = image_problems(held, None)
+    assert [(f.subject, f.detail) for f in problems] == [
+        ("all nodes", "no majority: sha256:111111111111 on node0, node1; sha256:222222222222 on node2, node3")
+    ]
 
 
 def test_build_commands_are_quoted_and_the_checkout_is_parsed():

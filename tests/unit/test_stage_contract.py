@@ -1,0 +1,137 @@
+"""The stage contract's pure parts: the registry's selection, one majority rule, the run record and its schema."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import jsonschema
+import pytest
+
+from k3deploy.agreement import majority, split
+from k3deploy.blocks import parse_config
+from k3deploy.errors import LaunchStageFailed, StageFailed
+from k3deploy.flows.registry import STAGES, select, stage
+from k3deploy.record import SCHEMA_PATH, RunRecord, build_record, json_schema, list_records, read_record, write_record
+from k3deploy.stage import Finding, StageResult, Verdict
+from k3deploy.tasks.models.checks import differing_nodes
+from k3deploy.tasks.models.node_agent import Manifest
+from tests.configs import site_data
+
+pytestmark = pytest.mark.report
+
+
+def names(stages) -> list[str]:
+    return [s.name for s in stages]
+
+
+def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
+    assert names(STAGES) == ["preflight", "models", "comm", "image", "launch", "teardown"]
+    assert names(select()) == ["preflight", "models", "comm", "image", "launch"]
+    assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image"]  # preflight, launch always run
+
+
+def test_only_and_from_still_start_with_preflight():
+    assert names(select(only=["image"])) == ["preflight", "image"]
+    assert names(select(only=["launch", "models"])) == ["preflight", "models", "launch"]
+    assert names(select(start="image")) == ["preflight", "image", "launch"]
+    with pytest.raises(ValueError, match="unknown stage 'bench'"):
+        select(only=["bench"])
+    with pytest.raises(ValueError, match="either only or from"):
+        select(only=["image"], start="comm")
+    with pytest.raises(ValueError, match="stages: preflight, models"):
+        stage("smoke")
+
+
+def test_one_majority_rule_none_on_a_tie():
+    assert majority(["a", "a", "b"]) == "a"
+    assert majority(["a", "b"]) is None and majority([]) is None
+    assert split({"node0": "a", "node1": "b", "node2": "a"}) == "a on node0, node2; b on node1"
+
+
+def test_models_with_no_majority_name_every_node_and_the_split():
+    def manifest(commit: str) -> Manifest:
+        return Manifest(repo="r", commit=commit, files={})
+
+    out = differing_nodes({"node0": manifest("c1"), "node1": manifest("c2")}, [])
+    assert set(out) == {"node0", "node1"}
+    assert (
+        out["node0"]
+        == "no majority of nodes hold the same files: copy A (commit c1) on node0; copy B (commit c2) on node1"
+    )
+    assert differing_nodes({"n0": manifest("c1"), "n1": manifest("c1"), "n2": manifest("c2")}, []) == {
+        "n2": "commit c2, the other nodes have c1"
+    }
+
+
+def test_a_stage_failure_carries_its_result_and_names_what_failed():
+    result = StageResult(
+        stage="launch",
+        verdict=Verdict.FAIL,
+        reason="node3 (DP rank 3): the container exited (status 0) during launch",
+        findings=[Finding("node3 (DP rank 3)", "ready", False, "exited"), Finding("node0", "ready", True)],
+    )
+    err = LaunchStageFailed(result)
+    assert isinstance(err, StageFailed) and err.result is result
+    assert str(err).splitlines() == [
+        "launch failed: node3 (DP rank 3): the container exited (status 0) during launch",
+        "  node3 (DP rank 3): ready: exited",
+    ]
+
+
+def test_the_committed_schema_is_the_one_the_record_model_makes():
+    assert json.loads(SCHEMA_PATH.read_text()) == json_schema(), "run `python3 -m k3deploy.record` to update it"
+
+
+def record(run_id: str, verdict: Verdict, start: datetime) -> RunRecord:
+    secrets = {"K3DEPLOY_HUB_TOKEN": "hf_record_sekrit", "K3DEPLOY_SSH_PRIVATE_KEY": "ssh-key-sekrit"}
+    cfg = parse_config(site_data(), environ=secrets)
+    stages = [
+        StageResult(
+            stage="preflight",
+            verdict=Verdict.PASS,
+            data={"nodes": {"node0": {"os": "Debian"}}, "host_keys": {"node0": "SHA256:abc"}},
+            started_at=start,
+            ended_at=start + timedelta(seconds=2),
+        ),
+        StageResult(
+            stage="models",
+            verdict=verdict,
+            findings=[Finding("target", "files", verdict is Verdict.PASS, "node1: sha256 mismatch")],
+            data={
+                "checkpoints": [
+                    {"role": "target", "repo": "o/k3", "commit": "c" * 40, "path": "/m/k3", "files": 3, "bytes": 9}
+                ]
+            },
+        ),
+    ]
+    return build_record(run_id, "brave-otter", cfg, stages, start, start + timedelta(seconds=30))
+
+
+def test_a_record_fits_the_schema_keeps_provenance_and_no_secret(tmp_path):
+    start = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+    rec = record("3f2a-run", Verdict.FAIL, start)
+    path = write_record(rec, tmp_path)
+    text = path.read_text()
+    document = json.loads(text)
+    jsonschema.validate(document, json.loads(SCHEMA_PATH.read_text()))
+    assert document["verdict"] == "fail" and document["failed_stage"] == "models"
+    assert document["node_facts"] == {"node0": {"os": "Debian"}} and document["host_keys"]["node0"] == "SHA256:abc"
+    assert document["checkpoints"][0]["commit"] == "c" * 40
+    assert (
+        document["config"]["models"]["hub_token"] is None
+        and document["config"]["cluster"]["ssh"]["private_key"] is None
+    )
+    assert "sekrit" not in text and "**********" not in text
+    assert read_record("3f2a", tmp_path) == rec  # a unique prefix is enough
+
+
+def test_runs_are_listed_newest_first_and_an_ambiguous_prefix_is_refused(tmp_path):
+    start = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+    write_record(record("aa-1", Verdict.PASS, start), tmp_path)
+    write_record(record("aa-2", Verdict.PASS, start + timedelta(hours=1)), tmp_path)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "record.json").write_text("{not json")
+    assert [r.run_id for r in list_records(tmp_path)] == ["aa-2", "aa-1"]
+    with pytest.raises(Exception, match="'aa' matches 2 runs"):
+        read_record("aa", tmp_path)
