@@ -38,7 +38,7 @@ from modelscope_hub.errors import FileDownloadError, FileIntegrityError
 from testbed.hub import HubServer
 from testbed.hub_store import lfs_pointer, publish, resolve, set_ref
 
-pytestmark = pytest.mark.models
+pytestmark = pytest.mark.bed  # the local hub itself, not the models stage
 
 REPO = "k3test/tiny-model"
 BIG = "model.safetensors"

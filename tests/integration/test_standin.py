@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from testbed.layout import HostState
     from testbed.pytest_plugin import Testbed
 
-pytestmark = pytest.mark.launch
+pytestmark = pytest.mark.bed  # the stand-in itself, not the launch stage
 
 STANDIN = Path(vllm_standin.__file__)
 PIP_SHIM = STANDIN.with_name("pip_shim.py")
@@ -313,7 +313,7 @@ def exit_code(container: Any, timeout: float = 60) -> int:
 
 
 @pytest.mark.testbed
-@pytest.mark.image
+@pytest.mark.bed
 def test_image_answers_pip_show_help_and_version(testbed: Testbed, bed_run: Callable[..., Any]) -> None:
     host = testbed.hosts[0]
     versions = testbed.state.image["versions"]
@@ -333,7 +333,7 @@ def test_image_answers_pip_show_help_and_version(testbed: Testbed, bed_run: Call
 
 
 @pytest.mark.testbed
-@pytest.mark.image
+@pytest.mark.bed
 def test_a_second_image_can_carry_other_versions(testbed: Testbed, bed_run: Callable[..., Any]) -> None:
     ref = f"{testbed.registry}/k3deploy/standin-versions:vllm-0.26.0"  # same content each run: one tag
     other = standin_image.build_and_push(

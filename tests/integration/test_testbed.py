@@ -14,6 +14,8 @@ import pytest
 
 from testbed import userssh
 
+pytestmark = pytest.mark.bed  # the test bed itself
+
 if TYPE_CHECKING:
     from testbed.layout import HostState
     from testbed.pytest_plugin import FaultInjector, Testbed

@@ -13,6 +13,8 @@ from testbed.npusim import formats
 from testbed.npusim.cli import Context, Result, main, ping_replies, run_hccn_tool, run_npu_smi
 from testbed.npusim.model import BedMap, FaultError, Faults
 
+pytestmark = pytest.mark.bed  # the test bed itself
+
 BED = layout.bed_map(4, Path("/nonexistent"))
 CHIP_ROW = re.compile(r"^\| (\d+)\s+(\d+)\s+\| 0000:[0-9A-F]{2}:00\.0\s+\|")
 
