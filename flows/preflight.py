@@ -27,7 +27,7 @@ def record(run: StageRun, results: dict[str, list[FactResult]]) -> None:
         if ssh.state == "ok":
             host_keys[node] = ssh.value
             run.note(f"{node} host key {ssh.detail}")
-    run.data = {"nodes": values, "host_keys": host_keys}
+    run.data = {"nodes": values, "host_keys": host_keys, "table": rows}
     run.table("facts", rows, f"One row per node, one column per fact ({', '.join(FACT_NAMES)}).")
 
 

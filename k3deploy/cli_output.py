@@ -83,14 +83,10 @@ def print_record(console: Console, record: RunRecord) -> None:
         console.print(
             f"image: {record.image.ref} id {record.image.image_id[:19]} digest {record.image.digest}; {versions}"
         )
-    if record.node_facts:
-        facts = sorted({fact for per_node in record.node_facts.values() for fact in per_node})
-        table = Table(title="node facts", title_justify="left")
-        table.add_column("node")
-        for fact in facts:
-            table.add_column(fact, overflow="fold")
-        for node, values in record.node_facts.items():
-            table.add_row(node, *[str(values.get(fact, "")) for fact in facts])
-        console.print(table)
+    preflight = record.stage("preflight")
+    rows: list[dict[str, str]] = preflight.data.get("table", []) if preflight else []
+    for row in rows:  # one line per node: the cells of preflight's node × fact table
+        facts = "; ".join(f"{fact} {cell}" for fact, cell in row.items() if fact not in ("node", "ssh"))
+        console.print(f"{row['node']}: {facts}", markup=False, highlight=False)
     for node, key in record.host_keys.items():
         console.print(f"host key {node}: {key}")

@@ -136,18 +136,17 @@ def stop() -> ServerInfo | None:
 
 @contextlib.contextmanager
 def using(info: ServerInfo) -> Iterator[None]:
-    """Prefect settings for a CLI command: this server, no heartbeat floor per flow run, no telemetry."""
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
+    """Prefect settings for a CLI command: this server, no heartbeat floor per flow run, no telemetry.
 
-    updates = {
-        PREFECT_API_URL: info.url,
-        PREFECT_SERVER_ANALYTICS_ENABLED: False,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-    }
-    with temporary_settings(updates=updates):
+    The server and telemetry go through the environment and Prefect's global settings, which
+    worker threads (the fan-out over nodes) see too: a temporary settings context reaches only
+    this thread, and a thread without the API URL starts a temporary server of its own.
+    """
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    os.environ["PREFECT_API_URL"] = info.url
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    refresh_global_settings_context()
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
