@@ -19,7 +19,8 @@ def resolve_config(source: ConfigSource) -> DeploymentConfig:
     if source.endswith((".yaml", ".yml")) or "/" in source or Path(source).exists():
         return load_config(source)
     try:
-        return DeploymentConfig.load(source)
+        # Prefect's async_dispatch types the call as `Self | Coroutine`; a sync caller gets the block.
+        return DeploymentConfig.load(source)  # type: ignore[return-value]
     except ValueError:
         problem = "no such YAML file, and no saved DeploymentConfig block of that name"
         raise ConfigError([("", problem)], source) from None

@@ -68,11 +68,11 @@ def validate(
         ConfigSource, Field(description="Deployment YAML path, or the name of a saved DeploymentConfig block.")
     ],
     only: Annotated[
-        list[StageName] | None,  # type: ignore[valid-type]
+        list[StageName] | None,
         Field(description="Run just these stages (preflight always runs first)."),
     ] = None,
     from_stage: Annotated[
-        StageName | None,  # type: ignore[valid-type]
+        StageName | None,
         Field(description="Run from this stage on (preflight always runs first)."),
     ] = None,
     keep_serving: Annotated[bool, Field(description="Leave the service running instead of tearing it down.")] = False,

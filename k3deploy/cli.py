@@ -6,9 +6,11 @@ one clear message and a non-zero exit; `--debug` shows the traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -21,6 +23,7 @@ from k3deploy.errors import ConfigError, K3DeployError, StageFailed
 
 if TYPE_CHECKING:
     from k3deploy.blocks.deployment import DeploymentConfig
+    from k3deploy.server import ServerInfo
     from k3deploy.stage import StageResult
 
 app = typer.Typer(
@@ -80,19 +83,14 @@ def _set_runs_dir(runs_dir: Path | None) -> None:
         os.environ["K3DEPLOY_RUNS_DIR"] = str(runs_dir)
 
 
-class _prefect:
-    """The Prefect server for this command (started once, reused), as a context."""
+@contextlib.contextmanager
+def _prefect() -> Iterator[ServerInfo]:
+    """The Prefect server for this command (started once, reused), with the settings the CLI runs under."""
+    from k3deploy import server
 
-    def __enter__(self) -> Any:
-        from k3deploy import server
-
-        self.info = server.ensure(lambda line: err.print(line))
-        self.settings = server.using(self.info)
-        self.settings.__enter__()
-        return self.info
-
-    def __exit__(self, *exc: object) -> None:
-        self.settings.__exit__(*exc)
+    info = server.ensure(lambda line: err.print(line))
+    with server.using(info):
+        yield info
 
 
 @app.command()

@@ -11,14 +11,14 @@ import os
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.stage import StageResult, Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "run-record.schema.json"
 RECORD_NAME = "record.json"
 

@@ -18,7 +18,7 @@ from k3deploy.errors import CommandTimeout, TransportError
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.batch import Section, SectionOutput, parse_output, render_script
-from k3deploy.tasks.comm.cross import PingTarget, consistent, ping_plan
+from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
 from k3deploy.tasks.comm.report import CommReport, Finding, fail, first_line, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
 
@@ -110,7 +110,7 @@ def interpret_phase1(
 def cross_node(facts: Mapping[str, NodeFacts]) -> list[Finding]:
     """Every node's rows, with TLS switch, Super Pod ID, driver and firmware compared across nodes."""
     rows = [r for f in facts.values() for r in f.rows]
-    compared = {
+    compared: dict[str, tuple[str, Mapping[Key, str]]] = {
         "tls": ("tls switch", {(n, npu): v for n, f in facts.items() for npu, v in f.tls.items()}),
         "spod_info": ("Super Pod ID", {(n, npu): v for n, f in facts.items() for npu, v in f.super_pod.items()}),
         "driver_version": ("driver", {(n, None): f.driver for n, f in facts.items() if f.driver}),

@@ -86,6 +86,8 @@ def inspect(client: docker.DockerClient, node: str, ref: str) -> NodeImage:
         raise ImageError(node, f"no image {ref} on the node") from None
     except docker.errors.APIError as err:
         raise ImageError(node, f"cannot inspect {ref}: {err.explanation or err}") from None
+    if image.id is None:  # the SDK types it optional; an inspected image always has one
+        raise ImageError(node, f"the engine reports no id for {ref}")
     return NodeImage(node, ref, image.id, tuple(image.attrs.get("RepoDigests") or ()))
 
 

@@ -34,8 +34,11 @@ def normalise(name: str) -> str:
 
 def version_findings(versions: dict[str, str]) -> list[Finding]:
     return [
-        Finding("image",
-            f"{name} installed", name in versions, versions.get(name, "not installed (pip show found no such package)")
+        Finding(
+            "image",
+            f"{name} installed",
+            name in versions,
+            versions.get(name, "not installed (pip show found no such package)"),
         )
         for name in PACKAGES
     ]

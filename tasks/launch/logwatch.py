@@ -113,7 +113,8 @@ def compile_patterns(data: Any, source: str = "<patterns>") -> Patterns:
     problems: list[tuple[str, str]] = []
     seen: set[str] = set()
     compiled: dict[str, list[LinePattern]] = {"fatal": [], "milestones": []}
-    for section, kind in (("fatal", "fatal"), ("milestones", "milestone")):
+    sections: tuple[tuple[str, Kind], ...] = (("fatal", "fatal"), ("milestones", "milestone"))
+    for section, kind in sections:
         for index, entry in enumerate(data[section]):
             pattern = _compile_entry(kind, entry, f"{section}[{index}]", seen, problems)
             if pattern is not None:
@@ -171,7 +172,7 @@ def _compile_entry(
         problems.append((f"{where}.capture", f"the pattern has no group (?P<{capture}>...)"))
     if isinstance(example, str) and not regex.search(strip_ansi(example)):
         problems.append((f"{where}.example", "does not match its own pattern"))
-    if len(problems) > before:
+    if len(problems) > before or not isinstance(ident, str):  # a non-string id was reported above
         return None
     return LinePattern(kind, ident, regex, capture, entry.get("why"))
 

@@ -98,7 +98,8 @@ def _progress_reporter(title: str) -> ProgressBoard:
     artifact = create_progress_artifact(0.0, description=title)
 
     def report(fraction: float, text: str) -> None:
-        update_progress_artifact(artifact, round(100 * fraction, 1), description=f"{title}: {text}")
+        # Prefect's async_dispatch types the id as `UUID | Coroutine`; called from sync code it is the UUID.
+        update_progress_artifact(artifact, round(100 * fraction, 1), description=f"{title}: {text}")  # type: ignore[arg-type]
         logger.info("%s: %s", title, text)
 
     return ProgressBoard(report)

@@ -7,11 +7,17 @@ and credentials as every other command.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import docker
 from docker.transport import SSHHTTPAdapter
 
 from k3deploy.errors import ConnectionFault
 from k3deploy.tasks.transport.ssh import SSHTransport
+
+if TYPE_CHECKING:
+    from docker.transport.sshconn import SSHConnectionPool
 
 # The oldest API version docker-py accepts; only used until the engine reports its own.
 _BOOTSTRAP_API_VERSION = "1.24"
@@ -30,11 +36,12 @@ class _PinnedSSHAdapter(SSHHTTPAdapter):
         # Called by the parent when the connection dropped: reconnect through the pinned transport.
         self.ssh_client = self._k3_transport.connect()
 
-    def get_connection(self, url, proxies=None):  # type: ignore[no-untyped-def]
+    def get_connection(self, url: str | bytes, proxies: Mapping[str, str] | None = None) -> SSHConnectionPool:
         transport = self.ssh_client.get_transport() if self.ssh_client else None
         if transport is None or not transport.is_active():
-            with self.pools.lock:
-                self.pools.clear()
+            # types-docker declares `pools` an int; it is urllib3's RecentlyUsedContainer.
+            with self.pools.lock:  # type: ignore[attr-defined]
+                self.pools.clear()  # type: ignore[attr-defined]
             self._connect()
         return super().get_connection(url, proxies)
 
@@ -45,10 +52,11 @@ def docker_client(transport: SSHTransport, timeout: int = 120) -> docker.DockerC
         base_url=f"ssh://{transport.address}", version=_BOOTSTRAP_API_VERSION, timeout=timeout, use_ssh_client=True
     )
     adapter = _PinnedSSHAdapter(transport, timeout)
-    api._custom_adapter = adapter
+    # docker-py's private attributes (not in types-docker): what APIClient.__init__ sets up for its own ssh adapter.
+    api._custom_adapter = adapter  # type: ignore[attr-defined]
     api.mount("http+docker://ssh", adapter)
     try:
-        api._version = api._retrieve_server_version()
+        api._version = api._retrieve_server_version()  # type: ignore[attr-defined]
     except docker.errors.DockerException as err:
         raise ConnectionFault(
             transport.host, f"no Docker API over SSH (is docker/podman running and `docker` on PATH?): {err}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -42,8 +43,8 @@ class LocalTransport:
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, so a timeout kills the whole tree
             )
-        except OSError as err:
-            raise TransportError(self.host, f"cannot start bash: {err}") from None
+        except OSError as exc:
+            raise TransportError(self.host, f"cannot start bash: {exc}") from None
         readers = [
             threading.Thread(target=self._pump, args=(pipe, name, collector), daemon=True)
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
@@ -79,7 +80,7 @@ class LocalTransport:
             pass  # the command exited without reading its input: its exit status tells the story
 
     @staticmethod
-    def _pump(pipe, name: str, collector: OutputCollector) -> None:  # type: ignore[no-untyped-def]
+    def _pump(pipe: io.BufferedIOBase, name: str, collector: OutputCollector) -> None:
         for chunk in iter(lambda: pipe.read1(65536), b""):
             collector.feed(name, chunk)
         pipe.close()

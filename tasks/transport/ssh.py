@@ -214,9 +214,9 @@ class SSHTransport:
                 while channel.recv_stderr_ready():
                     collector.feed("stderr", channel.recv_stderr(65536))
             code = channel.recv_exit_status()
-        except (OSError, EOFError, paramiko.SSHException) as err:
+        except (OSError, EOFError, paramiko.SSHException) as exc:
             self.close()
-            raise ConnectionFault(self.host, f"connection lost while running {text!r}: {err}") from None
+            raise ConnectionFault(self.host, f"connection lost while running {text!r}: {exc}") from None
         finally:
             channel.close()
         duration = time.monotonic() - started
