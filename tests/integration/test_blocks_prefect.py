@@ -18,3 +18,15 @@ def test_deployment_block_round_trips_with_secrets(prefect_server):
     assert loaded.models.hub_token.get_secret_value() == "hf_block_sekrit"
     assert render_plan(loaded).to_json() == render_plan(cfg).to_json()
     assert "hf_block_sekrit" not in repr(loaded)
+
+
+def test_a_flow_takes_a_saved_block_by_name_and_an_unknown_name_is_a_clear_error(prefect_server):
+    from k3deploy.blocks.source import resolve_config
+    from k3deploy.errors import ConfigError
+
+    cfg = parse_config(site_data(), environ={})
+    cfg.save("site-b", overwrite=True)
+    assert resolve_config("site-b").fingerprint() == cfg.fingerprint()
+    assert resolve_config(cfg) is cfg
+    with pytest.raises(ConfigError, match="no-such-site: no such YAML file, and no saved DeploymentConfig block"):
+        resolve_config("no-such-site")
