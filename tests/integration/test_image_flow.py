@@ -106,8 +106,8 @@ def test_an_image_different_on_the_fourth_node_is_caught(prefect_server, testbed
             image__pull_policy="never",
         )
     message = str(failed.value)
-    assert f"node3: holds image {other[:19]} for {LOADED}; node0, node1, node2 hold " in message
-    assert not any(f"{n}: holds" in message for n in ("node0", "node1", "node2"))
+    assert f"node3: same image: holds image {other[:19]} for {LOADED}; node0, node1, node2 hold " in message
+    assert not any(f"{n}: same image" in message for n in ("node0", "node1", "node2"))
 
 
 def test_image_built_from_a_vllm_ascend_revision_reaches_every_node(prefect_server, testbed, engines, tmp_path):
