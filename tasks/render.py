@@ -44,6 +44,37 @@ class ContainerSpec:
         return [*argv, self.image, *self.command]
 
 
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What the process runtime starts on a node: the same `vllm serve`, from the serving environment.
+
+    The name carries the node's, so nodes sharing a host never share a name, a folder or a log.
+    """
+
+    name: str
+    state_dir: str  # this process's folder on the node: pid, rc (exit code), labels.json, log
+    environment: dict[str, str]
+    command: list[str]
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def start_script(self) -> str:
+        """POSIX sh: start the server in a session of its own, recording its pid, then its exit code."""
+        assignments = [f"{key}={value}" for key, value in self.environment.items()]
+        inner = shlex.join(["env", *assignments, *self.command]) + " >log 2>&1; echo $? >rc"
+        folder = shlex.quote(self.state_dir)
+        return "\n".join(
+            [
+                f"mkdir -p {folder} && cd {folder} && rm -f rc",
+                f"printf '%s\\n' {shlex.quote(json.dumps(self.labels, sort_keys=True))} >labels.json",
+                f"setsid sh -c {shlex.quote(inner)} </dev/null >/dev/null 2>&1 &",
+                "echo $! >pid",
+            ]
+        )
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """What one node runs: its environment, its `vllm serve` and the container around it."""
@@ -54,7 +85,8 @@ class NodePlan:
     role: Literal["serve", "headless"]
     env: dict[str, str]
     serve_argv: list[str]
-    container: ContainerSpec
+    container: ContainerSpec | None  # serve.runtime docker
+    process: ProcessSpec | None = None  # serve.runtime process
 
 
 @dataclass(frozen=True)
@@ -68,7 +100,10 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         for node, plan in zip(data["nodes"], self.nodes, strict=True):
-            node["docker_run_argv"] = plan.container.docker_run_argv()
+            if plan.container is not None:
+                node["docker_run_argv"] = plan.container.docker_run_argv()
+            if plan.process is not None:
+                node["start_script"] = plan.process.start_script()
         return data
 
     def to_text(self) -> str:
@@ -77,8 +112,13 @@ class Plan:
             what = "serves HTTP" if node.role == "serve" else "headless worker"
             out += ["", f"## {node.node} ({node.address}): DP rank {node.dp_rank}, {what}", "", "# environment"]
             out += [f"export {key}={shlex.quote(value)}" for key, value in node.env.items()]
-            out += ["", "# vllm serve (what the container runs)", shell_lines(node.serve_argv)]
-            out += ["", "# container", shell_lines(node.container.docker_run_argv())]
+            if node.container is not None:
+                out += ["", "# vllm serve (what the container runs)", shell_lines(node.serve_argv)]
+                out += ["", "# container", shell_lines(node.container.docker_run_argv())]
+            if node.process is not None:
+                out += ["", "# vllm serve (what the process runs)", shell_lines(node.serve_argv)]
+                out += ["", f"# process (its own session; pid, exit code and log in {node.process.state_dir})"]
+                out.append(node.process.start_script())
         out += ["", "## bench (from a load generator in the serving network)", "", shell_lines(self.bench_argv)]
         return "\n".join(out) + "\n"
 
@@ -185,17 +225,37 @@ def serve_argv(cfg: DeploymentConfig, index: int) -> list[str]:
     return argv + list(serve.extra_args)
 
 
-def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -> ContainerSpec:
-    """Seed 4.1's container for node `index`, running that node's `vllm serve` directly."""
-    settings, node = cfg.serve.container, cfg.cluster.nodes[index]
-    root = cfg.cluster.model_root
+def unit_labels(cfg: DeploymentConfig, index: int, run_id: str | None) -> dict[str, str]:
+    """What a node's container or process carries: the config it runs, its node and rank, the run."""
     labels = {
         CONFIG_LABEL: cfg.fingerprint(),
-        f"{LABEL_PREFIX}.node": node.name,
+        f"{LABEL_PREFIX}.node": cfg.cluster.nodes[index].name,
         f"{LABEL_PREFIX}.dp-rank": str(index * cfg.serve.data_parallel_size_local),
     }
     if run_id is not None:
         labels[RUN_LABEL] = run_id
+    return labels
+
+
+def process_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -> ProcessSpec:
+    """The process runtime's unit for node `index`: its `vllm serve` with the environment's bin first on PATH."""
+    name = f"{cfg.serve.container.name}-{cfg.cluster.nodes[index].name}"
+    env_path = cfg.image.environment.path
+    environment = node_env(cfg, index) | {"VIRTUAL_ENV": env_path, "PATH": f"{env_path}/bin:{BASE_PATH}"}
+    return ProcessSpec(
+        name=name,
+        state_dir=f"{cfg.serve.process.state_dir.rstrip('/')}/{name}",
+        environment=environment,
+        command=serve_argv(cfg, index),
+        labels=unit_labels(cfg, index, run_id),
+    )
+
+
+def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -> ContainerSpec:
+    """Seed 4.1's container for node `index`, running that node's `vllm serve` directly."""
+    settings = cfg.serve.container
+    root = cfg.cluster.model_root
+    labels = unit_labels(cfg, index, run_id)
     return ContainerSpec(
         name=settings.name,
         image=cfg.image.pinned_ref,
@@ -244,7 +304,8 @@ def render_plan(cfg: DeploymentConfig, run_id: str | None = None) -> Plan:
             role="serve" if i == 0 else "headless",
             env=node_env(cfg, i),
             serve_argv=serve_argv(cfg, i),
-            container=container_spec(cfg, i, run_id),
+            container=container_spec(cfg, i, run_id) if cfg.serve.runtime == "docker" else None,
+            process=process_spec(cfg, i, run_id) if cfg.serve.runtime == "process" else None,
         )
         for i, node in enumerate(cfg.cluster.nodes)
     ]

@@ -1,8 +1,8 @@
 """Watching the containers while they start: every log line through the watcher, every exit noticed.
 
-One thread per container follows its log (docker logs, timestamps on) and one waits for it to
-exit; the first fatal line or exit sets `failed`, which the readiness loop waits on, so a failure
-is seen as soon as its line arrives rather than at the next readiness poll.
+One thread per node follows its server's log (through its runtime: docker logs, or the process's
+log file) and one waits for it to exit; the first fatal line or exit sets `failed`, which the
+readiness loop waits on, so a failure is seen as soon as its line arrives, not at the next poll.
 """
 
 from __future__ import annotations
@@ -10,16 +10,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import docker.errors
-import requests
 
 from k3deploy.tasks.launch.logwatch import LogBuffer, LogWatcher
+from k3deploy.tasks.launch.runtime import Runtime
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut: memory stays bounded
 EXIT_LOG_GRACE_S = 2.0  # after an exit, let the log thread read the last lines (they name the cause)
@@ -73,29 +69,17 @@ class LaunchMonitor:
                 self.failure = failure
                 self.failed.set()
 
-    def follow(self, node: str, rank: int, client: Any, container_id: str) -> None:
+    def follow(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
         self.buffers[node] = LogBuffer(self.max_lines, self.log_dir / f"{node}.log")
-        logs = threading.Thread(target=self._follow_logs, args=(node, rank, client, container_id), daemon=True)
-        waits = threading.Thread(target=self._wait_exit, args=(node, rank, client, container_id), daemon=True)
+        logs = threading.Thread(target=self._follow_logs, args=(node, rank, runtime, handle), daemon=True)
+        waits = threading.Thread(target=self._wait_exit, args=(node, rank, runtime, handle), daemon=True)
         self._log_threads[node] = logs
         logs.start()
         waits.start()
 
-    def _chunks(self, client: Any, container_id: str) -> Iterator[bytes]:
-        """The log stream, picked up again after a read timeout (a quiet two-hour load is normal)."""
-        since: int | None = None
-        while not self._stopping.is_set():
-            try:
-                yield from client.api.logs(container_id, stream=True, follow=True, timestamps=True, since=since)
-                return
-            except requests.exceptions.RequestException:
-                since = int(time.time()) - 1  # may repeat a line of the last second; the watcher tolerates it
-            except (docker.errors.NotFound, OSError):
-                return
-
-    def _follow_logs(self, node: str, rank: int, client: Any, container_id: str) -> None:
+    def _follow_logs(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
         partial = b""
-        for chunk in self._chunks(client, container_id):
+        for chunk in runtime.log_chunks(handle, self._stopping):
             *lines, partial = (partial + chunk).split(b"\n")
             partial = partial[-MAX_PARTIAL:]
             for raw in lines:
@@ -111,23 +95,13 @@ class LaunchMonitor:
                 reason = f"fatal log line ({event.why})" if event.why else "fatal log line"
                 self._fail(Failure(node, rank, reason, event.line, time.time(), emitted))
 
-    def _wait_exit(self, node: str, rank: int, client: Any, container_id: str) -> None:
-        while not self._stopping.is_set():
-            try:
-                status = client.api.wait(container_id, timeout=60)
-            except requests.exceptions.RequestException:
-                continue  # a read timeout while it runs (or the connection closing at stop): ask again
-            except (docker.errors.NotFound, OSError):
-                status = {"StatusCode": "gone (removed)"}
-            if self._stopping.is_set():
-                return
-            self._log_threads[node].join(EXIT_LOG_GRACE_S)
-            tail = " | ".join(self.buffers[node].tail(3))
-            code = status.get("StatusCode")
-            self._fail(
-                Failure(node, rank, f"the container exited (status {code}) during launch", tail, time.time(), None)
-            )
+    def _wait_exit(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
+        ended = runtime.wait_exit(handle, self._stopping)
+        if ended is None or self._stopping.is_set():
             return
+        self._log_threads[node].join(EXIT_LOG_GRACE_S)
+        tail = " | ".join(self.buffers[node].tail(3))
+        self._fail(Failure(node, rank, f"{ended} during launch", tail, time.time(), None))
 
     def stop(self) -> None:
         """Stop reporting; the threads end when their streams close (teardown) or at the next timeout."""

@@ -13,13 +13,13 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
-from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
+from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.render import Plan
 from k3deploy.tasks.transport.base import on_every_node
-from k3deploy.tasks.transport.factory import docker_clients
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
@@ -53,9 +53,9 @@ def start_containers(cfg: DeploymentConfig, plan: Plan) -> dict[str, Started]:
     """Node 0 first, then the headless ranks in order, each exactly as the plan shows it."""
     logger = get_run_logger()
     started: dict[str, Started] = {}
-    with docker_clients(cfg.cluster) as clients:
+    with serving_runtimes(cfg) as runtimes:
         for node_plan in plan.nodes:
-            done = start_or_adopt(clients[node_plan.node], node_plan.node, node_plan.container)
+            done = runtimes[node_plan.node].start(node_plan)
             started[node_plan.node] = done
             verb = "adopted running" if done.adopted else "started"
             logger.info("%s: %s %s (DP rank %d)", node_plan.node, verb, done.container_id[:12], node_plan.dp_rank)
@@ -76,11 +76,10 @@ def wait_until_ready(
     t0 = time.monotonic()
     deadline = t0 + ready.timeout_s
     last: Probe | None = None
-    with docker_clients(cfg.cluster) as clients:
+    with serving_runtimes(cfg) as runtimes:
         for node_plan in plan.nodes:
-            monitor.follow(
-                node_plan.node, node_plan.dp_rank, clients[node_plan.node], started[node_plan.node].container_id
-            )
+            node = node_plan.node
+            monitor.follow(node, node_plan.dp_rank, runtimes[node], started[node].container_id)
         try:
             while True:
                 _raise_if_failed(monitor)
@@ -126,14 +125,15 @@ def _raise_if_failed(monitor: LaunchMonitor) -> None:
 
 
 def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
-    """Stop and remove this config's containers (of one run, when given) on every node; then prove none is left."""
+    """Stop and remove this config's containers or processes (of one run, when given) on every node;
+    then prove none is left."""
     labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
-    with docker_clients(cfg.cluster) as clients:
-        removed = on_every_node(clients, lambda node, client: remove_labelled(client, node, labels), "teardown")
-        left = {node: [c.name for c in labelled(client, labels)] for node, client in clients.items()}
+    with serving_runtimes(cfg) as runtimes:
+        removed = on_every_node(runtimes, lambda node, runtime: runtime.remove(labels), "teardown")
+        left = {node: runtime.names(labels) for node, runtime in runtimes.items()}
     still = {node: names for node, names in left.items() if names}
     if still:
-        raise K3DeployError(f"teardown left containers behind: {still}")
+        raise K3DeployError(f"teardown left servers behind: {still}")
     return removed
 
 

@@ -61,10 +61,14 @@ def test_plan_refuses_the_unfilled_reference_naming_fields():
 def test_local_profile_plans_without_a3_settings():
     out = k3deploy("plan", "-c", "configs/local.yaml", "-f", "json")
     assert out.returncode == 0, out.stderr
-    node0 = json.loads(out.stdout)["nodes"][0]
+    nodes = json.loads(out.stdout)["nodes"]
+    node0 = nodes[0]
     assert "--quantization" not in node0["serve_argv"]
     assert not any(k.startswith("HCCL_") for k in node0["env"])
-    assert "--device" not in node0["docker_run_argv"]
+    assert node0["container"] is None and "docker_run_argv" not in node0  # the process runtime: no container
+    # two nodes on one host: never the same process name, folder or log
+    assert len({n["process"]["name"] for n in nodes}) == len({n["process"]["state_dir"] for n in nodes}) == 2
+    assert "/envs/vllm-cpu-" in node0["process"]["environment"]["PATH"].split(":")[0]
 
 
 @pytest.mark.cli

@@ -1,0 +1,232 @@
+"""Where a node's vLLM runs: one interface, a container (docker) or a process (process) per node.
+
+Launch, log following, fail-fast, readiness and teardown are the same code over these primitives:
+start (or adopt ours, refuse others), follow the log, wait for the exit, list and remove by labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import docker
+import docker.errors
+import requests
+
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError
+from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, NodePlan, ProcessSpec
+from k3deploy.tasks.transport.base import Transport
+from k3deploy.tasks.transport.factory import docker_clients, open_transports
+
+FOREVER_S = 7 * 24 * 3600.0  # a log follow or an exit wait lasts as long as the server does
+
+
+class Runtime(Protocol):
+    """One node's serving runtime."""
+
+    node: str
+
+    def start(self, plan: NodePlan) -> Started:
+        """Start the node's server as planned; adopt one of this very config, refuse anything else."""
+        ...
+
+    def log_chunks(self, handle: str, stopping: threading.Event) -> Iterator[bytes]:
+        """The server's output from its start, as it comes, until it ends (or `stopping`)."""
+        ...
+
+    def wait_exit(self, handle: str, stopping: threading.Event) -> str | None:
+        """Block until the server exits: how it ended, in words; None once `stopping` is set."""
+        ...
+
+    def remove(self, labels: Mapping[str, str]) -> list[str]:
+        """Stop and remove every server carrying these labels; the names removed."""
+        ...
+
+    def names(self, labels: Mapping[str, str]) -> list[str]:
+        """Servers (running or not) carrying these labels."""
+        ...
+
+
+class DockerRuntime:
+    """A container per node through the Docker API (docker SDK over the node's SSH connection)."""
+
+    def __init__(self, node: str, client: docker.DockerClient) -> None:
+        self.node, self.client = node, client
+
+    def start(self, plan: NodePlan) -> Started:
+        assert plan.container is not None, "serve.runtime docker renders a container"
+        return start_or_adopt(self.client, self.node, plan.container)
+
+    def log_chunks(self, handle: str, stopping: threading.Event) -> Iterator[bytes]:
+        """The log stream (timestamps on), picked up again after a read timeout: a two-hour load is quiet."""
+        since: int | None = None
+        while not stopping.is_set():
+            try:
+                yield from self.client.api.logs(handle, stream=True, follow=True, timestamps=True, since=since)
+                return
+            except requests.exceptions.RequestException:
+                since = int(time.time()) - 1  # may repeat a line of the last second; the watcher tolerates it
+            except (docker.errors.NotFound, OSError):
+                return
+
+    def wait_exit(self, handle: str, stopping: threading.Event) -> str | None:
+        while not stopping.is_set():
+            try:
+                code: object = self.client.api.wait(handle, timeout=60).get("StatusCode")
+            except requests.exceptions.RequestException:
+                continue  # a read timeout while it runs (or the connection closing at stop): ask again
+            except (docker.errors.NotFound, OSError):
+                code = "gone (removed)"
+            return None if stopping.is_set() else f"the container exited (status {code})"
+        return None
+
+    def remove(self, labels: Mapping[str, str]) -> list[str]:
+        return remove_labelled(self.client, self.node, labels)
+
+    def names(self, labels: Mapping[str, str]) -> list[str]:
+        return [c.name for c in labelled(self.client, labels)]
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """What `ps_script` reports of one process folder."""
+
+    name: str
+    alive: bool
+    rc: str | None
+    labels: dict[str, str]
+
+
+def ps_script(state_root: str) -> str:
+    """One line per process folder: name, alive or dead, exit code, labels JSON (tab-separated)."""
+    root = shlex.quote(state_root)
+    return (
+        f"for d in {root}/*/; do [ -f \"$d/labels.json\" ] || continue; n=$(basename \"$d\"); "
+        'if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then a=alive; else a=dead; fi; '
+        'r=$(cat "$d/rc" 2>/dev/null || echo -); '
+        'printf "%s\\t%s\\t%s\\t%s\\n" "$n" "$a" "$r" "$(tr -d "\\n" <"$d/labels.json")"; done'
+    )
+
+
+def parse_ps(text: str) -> list[ProcessState]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split("\t", 3)
+        if len(parts) != 4:
+            continue
+        name, alive, rc, labels = parts
+        try:
+            parsed = json.loads(labels)
+        except ValueError:
+            parsed = {}
+        out.append(ProcessState(name, alive == "alive", None if rc == "-" else rc, parsed))
+    return out
+
+
+def stop_script(folder: str, grace_s: float) -> str:
+    """SIGTERM the process's session, SIGKILL it after the grace, then remove its folder."""
+    d = shlex.quote(folder)
+    return (
+        f'p=$(cat {d}/pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then kill -TERM -- "-$p"; '
+        f'i=0; while kill -0 "$p" 2>/dev/null && [ "$i" -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
+        f'kill -KILL -- "-$p" 2>/dev/null; fi; rm -rf {d}'
+    )
+
+
+class ProcessRuntime:
+    """vLLM run directly on the node from the serving environment, in a session of its own."""
+
+    def __init__(self, node: str, transport: Transport, state_root: str, grace_s: float) -> None:
+        self.node, self.transport, self.state_root, self.grace_s = node, transport, state_root, grace_s
+
+    def _states(self) -> list[ProcessState]:
+        return parse_ps(self.transport.run(ps_script(self.state_root), timeout=60).check().stdout)
+
+    def _folder(self, name: str) -> str:
+        return f"{self.state_root.rstrip('/')}/{name}"
+
+    def start(self, plan: NodePlan) -> Started:
+        spec: ProcessSpec | None = plan.process
+        assert spec is not None, "serve.runtime process renders a process"
+        found = next((s for s in self._states() if s.name == spec.name), None)
+        if found is not None:
+            ours = found.labels.get(CONFIG_LABEL) == spec.labels.get(CONFIG_LABEL)
+            if ours and found.alive:
+                return Started(self.node, spec.name, adopted=True)
+            if not ours and found.alive:
+                owner = f"config {found.labels.get(CONFIG_LABEL, '?')}, run {found.labels.get(RUN_LABEL, '?')}"
+                raise LaunchError(
+                    self.node,
+                    f"a process named {spec.name} is already running ({owner}); this config is "
+                    f"{spec.labels.get(CONFIG_LABEL)}. Run teardown for its config or stop it by hand.",
+                )
+            self.transport.run(stop_script(spec.state_dir, self.grace_s), timeout=60).check()  # dead: start afresh
+        self.transport.run(spec.start_script(), timeout=60).check()
+        return Started(self.node, spec.name, adopted=False)
+
+    def log_chunks(self, handle: str, stopping: threading.Event) -> Iterator[bytes]:
+        """`tail -F` of the process's log until it exits; lines arrive through the transport's callback."""
+        folder = shlex.quote(self._folder(handle))
+        command = f'tail -n +1 -F --pid="$(cat {folder}/pid)" {folder}/log 2>/dev/null'
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def follow() -> None:
+            try:
+                self.transport.run(
+                    command, timeout=FOREVER_S, on_output=lambda _h, stream, line: lines.put((line + "\n").encode())
+                )
+            except K3DeployError:
+                pass  # the connection went: the exit wait reports what happened
+            finally:
+                lines.put(None)
+
+        threading.Thread(target=follow, daemon=True).start()
+        while (chunk := lines.get()) is not None:
+            yield chunk
+
+    def wait_exit(self, handle: str, stopping: threading.Event) -> str | None:
+        folder = shlex.quote(self._folder(handle))
+        script = (
+            f'p=$(cat {folder}/pid 2>/dev/null); while [ -n "$p" ] && kill -0 "$p" 2>/dev/null; do sleep 0.5; done; '
+            f"cat {folder}/rc 2>/dev/null || echo gone"
+        )
+        try:
+            result = self.transport.run(script, timeout=FOREVER_S)
+        except K3DeployError as err:
+            return None if stopping.is_set() else f"the node stopped answering while the process ran: {err}"
+        if stopping.is_set():
+            return None
+        return f"the process exited (status {result.stdout.strip() or 'unknown'})"
+
+    def remove(self, labels: Mapping[str, str]) -> list[str]:
+        removed = []
+        for state in self._states():
+            if all(state.labels.get(k) == v for k, v in labels.items()):
+                self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60).check()
+                removed.append(state.name)
+        return removed
+
+    def names(self, labels: Mapping[str, str]) -> list[str]:
+        return [s.name for s in self._states() if all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+@contextlib.contextmanager
+def serving_runtimes(cfg: DeploymentConfig) -> Iterator[dict[str, Runtime]]:
+    """A runtime per node, node 0 first, by serve.runtime; connections closed however the block ends."""
+    if cfg.serve.runtime == "docker":
+        with docker_clients(cfg.cluster) as clients:
+            yield {node: DockerRuntime(node, client) for node, client in clients.items()}
+        return
+    process = cfg.serve.process
+    with open_transports(cfg.cluster) as transports:
+        grace = process.stop_timeout_s
+        yield {node: ProcessRuntime(node, t, process.state_dir, grace) for node, t in transports.items()}
