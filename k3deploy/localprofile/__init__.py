@@ -1,0 +1,1 @@
+"""The local profile's offline pieces."""
