@@ -47,7 +47,7 @@ def _topology(cfg: DeploymentConfig) -> list[Problem]:
                 f"{dp} / {local} = {dp // local} nodes are needed",
             )
         )
-    if dp * tp != offered:
+    if cluster.npus_per_node > 0 and dp * tp != offered:  # 0 declares no NPUs: nothing to fit the ranks onto
         problems.append(
             (
                 "serve.tensor_parallel_size",
@@ -66,8 +66,13 @@ def _topology(cfg: DeploymentConfig) -> list[Problem]:
 
 
 def _nodes(cfg: DeploymentConfig) -> list[Problem]:
+    """Names are always distinct; addresses too where each node is a host of its own (SSH). With
+    `transport: local` every node is this machine, so the nodes share its addresses by definition."""
     problems: list[Problem] = []
-    for attr, label in (("name", "name"), ("address", "address"), ("serving_ip", "local_ip")):
+    unique = [("name", "name")]
+    if cfg.cluster.transport == "ssh":
+        unique += [("address", "address"), ("serving_ip", "local_ip")]
+    for attr, label in unique:
         seen: dict[str, int] = {}
         for i, node in enumerate(cfg.cluster.nodes):
             value = getattr(node, attr)

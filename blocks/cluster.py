@@ -63,7 +63,13 @@ class ClusterConfig(StrictBlock):
         default="ssh", description="ssh for real nodes; local runs every node's work on this machine."
     )
     nodes: list[NodeSpec] = Field(min_length=1, description="The nodes, node 0 (the serving node) first.")
-    npus_per_node: int = Field(default=16, ge=1, description="Logical NPUs offered by each node.")
+    npus_per_node: int = Field(
+        default=16,
+        ge=0,
+        description=(
+            "Logical NPUs offered by each node; 0 declares no NPUs: the NPU checks of comm and preflight do not apply."
+        ),
+    )
     model_root: AbsPath = Field(
         description="Folder holding every checkpoint, mounted at the same path in each container."
     )

@@ -14,6 +14,8 @@ from k3deploy.tasks.stage_run import StageRun
 def comm(config: ConfigSource, fresh: bool = False) -> StageResult:
     """Every NPU healthy and reachable across nodes, TLS and driver consistent; else fail naming node and NPU.
 
+    With no NPUs declared (`cluster.npus_per_node: 0`) only the host checks run; the NPU groups are
+    recorded as not applicable, with the reason, in `data["not_applicable"]` and the summary.
     A pass is reused for an hour for the same nodes (a rerun of a later stage); `fresh` runs it anyway.
     """
     cfg = resolve_config(config)
@@ -24,9 +26,17 @@ def comm(config: ConfigSource, fresh: bool = False) -> StageResult:
         except CommChecksFailed as err:
             report = err.report
     run.findings = findings(report)
-    run.data = {"summary": report.summary(), "phase_seconds": dict(report.phase_seconds)}
+    run.data = {
+        "summary": report.summary(),
+        "phase_seconds": dict(report.phase_seconds),
+        "not_applicable": [na.as_dict() for na in report.not_applicable],
+    }
+    for na in report.not_applicable:
+        run.note(f"{na.group} ({', '.join(na.checks)}): not applicable: {na.reason}")
     run.table("checks", report.table_rows(), report.summary())
     if not report.ok:
         run.table("failures", report.table_rows(failures_only=True), report.summary())
         run.failed(report.summary())
+    if not report.rows and report.not_applicable:  # nothing could run: the stage itself does not apply
+        return run.not_applicable("; ".join(dict.fromkeys(na.reason for na in report.not_applicable)))
     return run.passed(report.summary())

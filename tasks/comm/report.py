@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from k3deploy.tasks.transport.base import TIMEOUT_EXIT_CODES
 
@@ -29,6 +29,17 @@ NPU_CHECKS = (
     "hccs_ping",
 )
 _ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}
+
+# The groups of checks that need NPUs (the driver versions are the NPU driver's), as a report names
+# them when they do not apply; every other check is a host check.
+NPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("npu-smi info", ("npu_smi",)),
+    ("hccn_tool", ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")),
+    ("spod-info", ("spod_info",)),
+    ("hccn.conf", ("hccn_conf",)),
+    ("ping mesh", ("ping", "hccs_ping")),
+    ("driver/firmware", ("driver_version", "firmware_version")),
+)
 
 
 @dataclass(frozen=True)
@@ -83,12 +94,29 @@ def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:
 
 
 @dataclass(frozen=True)
+class NotApplicable:
+    """A group of checks that was not run because the configuration rules it out: not a pass, not a failure.
+
+    `reason` names the setting (`cluster.npus_per_node is 0: no NPUs declared`); `brief` is its few
+    words for a one-line summary."""
+
+    group: str
+    checks: tuple[str, ...]
+    reason: str
+    brief: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "checks": list(self.checks), "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class CommReport:
-    """Every row of one comm run; `failures` is what a flow fails on."""
+    """Every row of one comm run; `failures` is what a flow fails on; `not_applicable` the groups not run."""
 
     nodes: tuple[str, ...]
     rows: tuple[Finding, ...]
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    not_applicable: tuple[NotApplicable, ...] = ()  # a plain default: a report pickled before it still loads
 
     @property
     def failures(self) -> tuple[Finding, ...]:
@@ -112,11 +140,22 @@ class CommReport:
             for r in (self.failures if failures_only else self.rows)
         ]
 
+    def not_applicable_summary(self) -> str:
+        """`NPU checks not applicable (no NPUs declared)`, or the groups by name; '' when every group ran."""
+        if not self.not_applicable:
+            return ""
+        groups = [na.group for na in self.not_applicable]
+        what = "NPU checks" if set(groups) >= {g for g, _ in NPU_GROUPS} else ", ".join(groups)
+        why = "; ".join(dict.fromkeys(na.brief or na.reason for na in self.not_applicable))
+        return f"{what} not applicable ({why})"
+
     def summary(self) -> str:
         """One line: counts, and for a failure which nodes and checks, worst node first."""
         n, nodes = len(self.rows), len(self.nodes)
         if self.ok:
-            return f"comm OK: {n} checks on {nodes} nodes, 0 failed"
+            host_only = self.not_applicable and all(r.check in HOST_CHECKS for r in self.rows)
+            line = f"comm OK: {n} {'host ' if host_only else ''}checks on {nodes} nodes, 0 failed"
+            return f"{line}; {self.not_applicable_summary()}" if self.not_applicable else line
         per_node: dict[str, Counter[str]] = {}
         for r in self.failures:
             per_node.setdefault(r.node, Counter())[r.check] += 1

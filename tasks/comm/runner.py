@@ -3,6 +3,10 @@
 One batched script per node per phase (see `batch`), all nodes at once (`run_all`). Phase 2
 is planned from the NPU addresses phase 1 read, so a node that is down or an NPU that is
 absent is reported once, as itself, and never aborts the other nodes' checks.
+
+What runs follows the configuration: `cluster.npus_per_node: 0` declares no NPUs, so every NPU
+group (npu-smi, hccn_tool, spod-info, hccn.conf, the ping mesh, the NPU driver's versions) is
+left out of the plan and reported as not applicable, and only the host checks run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
-from k3deploy.tasks.comm.report import CommReport, Finding, fail, first_line, sort_rows
+from k3deploy.tasks.comm.report import NPU_GROUPS, CommReport, Finding, NotApplicable, fail, first_line, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
 
 MAX_SECTIONS = 1000  # per script: keeps it well under the remote shell's 128 KiB argument limit
@@ -39,8 +43,27 @@ class NodeFacts:
     firmware: str | None = None
 
 
+NO_NPUS = "cluster.npus_per_node is 0: no NPUs declared"
+
+
+def not_applicable(npus: int) -> tuple[NotApplicable, ...]:
+    """The check groups a node with `npus` NPUs cannot run: with none declared, every NPU group."""
+    if npus > 0:
+        return ()
+    return tuple(NotApplicable(group, checks, NO_NPUS, "no NPUs declared") for group, checks in NPU_GROUPS)
+
+
+def section_check(key: str) -> str:
+    """The check a phase-1 section feeds (`link:3` → link, `links` → nic, `addrs` → local_ip)."""
+    check = key.partition(":")[0]
+    return {"links": "nic", "addrs": "local_ip"}.get(check, check)
+
+
 def phase1_sections(npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | None = None) -> list[Section]:
-    """Every local check of one node, `npu-smi info` first; `ports` (node 0 only) adds `ss -Hltn`."""
+    """Every local check of one node, `npu-smi info` first; `ports` (node 0 only) adds `ss -Hltn`.
+
+    The groups `not_applicable(npus)` names are left out: with 0 NPUs, the NIC, LOCAL_IP and ports only.
+    """
     sections = [Section("npu_smi", tuple(nc.npu_smi_info_cmd(tools)))]
     for npu in range(npus):
         sections += [Section(f"{q}:{npu}", tuple(nc.hccn_cmd(tools, npu, q))) for q in nc.HCCN_QUERIES]
@@ -54,7 +77,8 @@ def phase1_sections(npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | N
     ]
     if ports:
         sections.append(Section("ports", tuple(hc.listening_cmd())))
-    return sections
+    skipped = {check for group in not_applicable(npus) for check in group.checks}
+    return [s for s in sections if section_check(s.key) not in skipped]
 
 
 def _cut_short(node: str, key: str, ports: Mapping[str, int] | None) -> list[Finding]:
@@ -62,9 +86,8 @@ def _cut_short(node: str, key: str, ports: Mapping[str, int] | None) -> list[Fin
     why = "no output: the batch was cut short before this check"
     if key == "ports":
         return [fail(node, None, name, why) for name in ports or {}]
-    check, _, npu = key.partition(":")
-    check = {"links": "nic", "addrs": "local_ip"}.get(check, check)
-    return [fail(node, int(npu) if npu else None, check, why)]
+    npu = key.partition(":")[2]
+    return [fail(node, int(npu) if npu else None, section_check(key), why)]
 
 
 def interpret_phase1(
@@ -190,7 +213,8 @@ def run_comm_checks(
     """Every comm check on every node of `cluster`; failures are rows, never exceptions.
 
     `timeout` bounds each phase's script per node; `section_timeout` each tool call in it;
-    `parallel` is how many tool calls a node runs at once.
+    `parallel` is how many tool calls a node runs at once. The groups the configuration rules
+    out (no NPUs declared) are not run and come back as the report's `not_applicable`.
     """
     tools = tools or nc.ToolPaths()
     names = [n.name for n in cluster.nodes]
@@ -198,6 +222,8 @@ def run_comm_checks(
     if missing:
         raise ValueError(f"no transport for node(s): {', '.join(missing)}")
     npus = cluster.npus_per_node
+    inapplicable = not_applicable(npus)
+    pings = not any("ping" in group.checks for group in inapplicable)
     node0_ports = {"service_port": serve.service_port, "rpc_port": serve.rpc_port}
     ports = {n.name: node0_ports if i == 0 else None for i, n in enumerate(cluster.nodes)}
 
@@ -211,7 +237,10 @@ def run_comm_checks(
 
     nic = {name: f.nic_ips for name, f in facts.items()}
     vnic = {name: f.vnic_ips for name, f in facts.items()}
-    targets = {name: ping_plan(name, nic) + (ping_plan(name, vnic, hccs=True) if hccs_ping else []) for name in facts}
+    targets = {
+        name: ping_plan(name, nic) + (ping_plan(name, vnic, hccs=True) if hccs_ping else [])
+        for name in (facts if pings else ())
+    }
     plans2 = {name: phase2_sections(t, tools) for name, t in targets.items()}
     outputs2, rows2 = _run_batches(transports, plans2, timeout, parallel, section_timeout)
     rows += rows2
@@ -220,5 +249,8 @@ def run_comm_checks(
             rows += interpret_phase2(name, node_targets, outputs2[name])
     phase2 = time.monotonic() - started - phase1
     return CommReport(
-        tuple(names), tuple(sort_rows(rows, names)), {"local": round(phase1, 3), "pings": round(phase2, 3)}
+        tuple(names),
+        tuple(sort_rows(rows, names)),
+        {"local": round(phase1, 3), "pings": round(phase2, 3)},
+        inapplicable,
     )

@@ -134,7 +134,9 @@ def judge_read(value: Any, cfg: Cfg, index: int) -> Judgement:
 
 
 def npus_configured(cfg: Cfg) -> bool:
-    """NPU facts mean something only where the containers get NPU devices (not in the local profile)."""
+    """NPU facts mean something only where the cluster declares NPUs and the servers get NPU devices."""
+    if cfg.cluster.npus_per_node == 0:
+        return False
     return any(d.split(":", 1)[0].startswith(NPU_DEVICE_PREFIX) for d in cfg.serve.container.devices)
 
 

@@ -103,11 +103,13 @@ class SimNode:
 
     def __init__(self, name: str, faults: dict[str, Faults], error: Exception | None = None) -> None:
         self.host, self.faults, self.error, self.scripts = name, faults, error, 0
+        self.calls: list[list[str]] = []  # every tool call the node was asked to make
         self.fail_after: int | None = None  # scripts answered before the node drops off
         entry = BED.host(name)
         self.ctx = Context(BED, entry, faults.get(name, Faults()), lambda h: faults.get(h.name, Faults()))
 
     def answer(self, argv: list[str]) -> tuple[int, str]:
+        self.calls.append(argv)
         tool = os.path.basename(argv[0])
         if tool in ("npu-smi", "hccn_tool"):
             res = (run_npu_smi if tool == "npu-smi" else run_hccn_tool)(self.ctx, argv[1:])
@@ -139,8 +141,8 @@ class SimNode:
     def close(self) -> None: ...
 
 
-def cluster(*nodes: NodeSpec) -> ClusterConfig:
-    return ClusterConfig(nodes=list(nodes or [node(i) for i in range(4)]), model_root="/srv/models")
+def cluster(*nodes: NodeSpec, npus: int = 16) -> ClusterConfig:
+    return ClusterConfig(nodes=list(nodes or [node(i) for i in range(4)]), npus_per_node=npus, model_root="/srv/models")
 
 
 def sim(faults: dict[str, dict] | None = None, **errors: Exception) -> dict[str, SimNode]:
@@ -156,6 +158,7 @@ def test_healthy_cluster_passes_with_one_script_per_node_per_phase():
     assert [t.scripts for t in nodes.values()] == [2, 2, 2, 2]
     assert report.summary() == f"comm OK: {len(report.rows)} checks on 4 nodes, 0 failed"
     assert set(report.phase_seconds) == {"local", "pings"}
+    assert report.not_applicable == ()
 
 
 def test_link_down_fails_the_link_and_every_ping_through_it():
@@ -217,3 +220,58 @@ def test_long_plans_run_as_several_scripts_in_turn(monkeypatch):
 def test_a_node_without_transport_is_a_programming_error():
     with pytest.raises(ValueError, match="node3"):
         run_comm_checks({k: v for k, v in sim().items() if k != "node3"}, cluster(), ServeConfig(), 60)
+
+
+# -- no NPUs declared (cluster.npus_per_node: 0): host checks only, the NPU groups not applicable --------
+
+NO_NPUS = "cluster.npus_per_node is 0: no NPUs declared"
+HOST_ONLY = {"nic", "local_ip", "service_port", "rpc_port"}
+
+
+def test_without_npus_the_plan_holds_only_the_host_sections():
+    assert [s.key for s in phase1_sections(0, ToolPaths(), PORTS)] == ["links", "addrs", "ports"]
+    assert [s.key for s in phase1_sections(0, ToolPaths())] == ["links", "addrs"]
+    assert len(phase1_sections(1, ToolPaths())) == 1 + 9 + 5  # one NPU: every group again
+
+
+def test_without_npus_no_npu_tool_is_called_and_every_npu_group_is_not_applicable():
+    nodes = sim()
+    report = run_comm_checks(nodes, cluster(npus=0), ServeConfig(), 60)
+    assert report.ok
+    assert [t.scripts for t in nodes.values()] == [1, 1, 1, 1]  # phase 1 only: no ping mesh to run
+    called = {name: [shlex.join(argv) for argv in t.calls] for name, t in nodes.items()}
+    assert called["node0"] == ["ip -o link show", "ip -o addr show", "ss -Hltn"]
+    assert all(calls == ["ip -o link show", "ip -o addr show"] for n, calls in called.items() if n != "node0")
+    assert {r.check for r in report.rows} == HOST_ONLY and len(report.rows) == 4 * 2 + 2
+    assert [na.group for na in report.not_applicable] == [
+        "npu-smi info", "hccn_tool", "spod-info", "hccn.conf", "ping mesh", "driver/firmware",
+    ]  # fmt: skip
+    assert {na.reason for na in report.not_applicable} == {NO_NPUS}
+    covered = {check for na in report.not_applicable for check in na.checks}
+    assert covered == set(NPU_CHECKS) | set(PINGS) | {"hccn_conf", "driver_version", "firmware_version"}
+    assert report.not_applicable[4].as_dict() == {
+        "group": "ping mesh",
+        "checks": ["ping", "hccs_ping"],
+        "reason": NO_NPUS,
+    }
+    assert (
+        report.summary() == "comm OK: 10 host checks on 4 nodes, 0 failed; NPU checks not applicable (no NPUs declared)"
+    )
+
+
+def test_without_npus_a_host_check_still_fails():
+    nodes = sim()
+    report = run_comm_checks(nodes, cluster(node(0), node(1, nic="ens9"), npus=0), ServeConfig(service_port=22), 60)
+    assert failed(report.failures) == {
+        ("node0", None, "service_port"),
+        ("node1", None, "nic"),
+        ("node1", None, "local_ip"),
+    }
+    assert report.summary().startswith("comm FAILED: 3 of 6 checks on 2 nodes")
+    assert len(report.not_applicable) == 6  # still said, whatever the outcome
+
+
+def test_without_npus_a_cut_short_batch_fails_only_host_rows():
+    facts = interpret_phase1(node(0), {}, 0, PORTS)
+    assert failed(facts.rows) == {("node0", None, c) for c in HOST_ONLY}
+    assert facts.driver is None and facts.nic_ips == {}

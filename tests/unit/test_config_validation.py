@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from k3deploy.blocks import load_config, parse_config
 from k3deploy.errors import ConfigError
@@ -138,3 +139,65 @@ def test_missing_file_is_a_config_error(tmp_path: Path):
 
 def test_document_must_be_a_mapping():
     assert "must be a mapping" in problems_of(["not", "a", "mapping"])[""]
+
+
+# -- cluster.npus_per_node: 0 declares no NPUs; with transport local every node is this machine ---------------
+
+LOCAL_PROFILE = REFERENCE.parent / "local.yaml"
+
+
+def local_profile(**change) -> dict:
+    """configs/local.yaml declaring no NPUs, both nodes at 127.0.0.1 on lo, plus `change`."""
+    data = yaml.safe_load(LOCAL_PROFILE.read_text())
+    local = [{"name": f"local{i}", "address": "127.0.0.1", "nic": "lo"} for i in range(2)]
+    return with_changes(data, **{"cluster__npus_per_node": 0, "cluster__nodes": local, **change})
+
+
+def test_zero_npus_is_accepted_and_the_npu_topology_check_does_not_apply():
+    cfg = parse_config(with_changes(site_data(), cluster__npus_per_node=0))  # DP × TP = 64 ranks, 0 NPUs
+    assert cfg.cluster.npus_per_node == 0
+    assert "0 declares no NPUs" in type(cfg.cluster).model_fields["npus_per_node"].description
+
+
+def test_zero_npus_keeps_every_other_check():
+    data = with_changes(
+        site_data(), cluster__npus_per_node=0, serve__data_parallel_size_local=2, serve__expert_parallel_size=16,
+        serve__rpc_port=8000,
+    )  # fmt: skip
+    problems = problems_of(data)
+    assert "2 nodes are needed" in problems["cluster.nodes"]
+    assert "DP × TP = 64" in problems["serve.expert_parallel_size"]
+    assert "also serve.service_port" in problems["serve.rpc_port"]
+    assert "serve.tensor_parallel_size" not in problems
+
+
+def test_negative_npus_are_refused():
+    assert (
+        "greater than or equal to 0"
+        in problems_of(with_changes(site_data(), cluster__npus_per_node=-1))["cluster.npus_per_node"]
+    )
+
+
+def test_npus_declared_still_must_fit_the_ranks():
+    problems = problems_of(with_changes(site_data(), cluster__npus_per_node=1))
+    assert "offers 4 NPUs (4 nodes × 1)" in problems["serve.tensor_parallel_size"]
+
+
+def test_local_profile_without_npus_on_one_address_is_valid():
+    cfg = parse_config(local_profile())
+    assert cfg.cluster.transport == "local" and cfg.cluster.npus_per_node == 0
+    assert {n.serving_ip for n in cfg.cluster.nodes} == {"127.0.0.1"}
+
+
+def test_local_nodes_still_need_distinct_names():
+    nodes = [{"name": "local0", "address": "127.0.0.1", "nic": "lo"}] * 2
+    problems = problems_of(local_profile(cluster__nodes=nodes))
+    assert "already used by cluster.nodes[0]" in problems["cluster.nodes[1].name"]
+
+
+@pytest.mark.parametrize(("attr", "field"), [("address", "address"), ("local_ip", "local_ip")])
+def test_ssh_nodes_still_need_distinct_addresses(attr, field):
+    nodes = four_nodes()
+    nodes[2][attr] = nodes[0]["address"]
+    problems = problems_of(with_changes(site_data(), cluster__nodes=nodes))
+    assert "already used by cluster.nodes[0]" in problems[f"cluster.nodes[2].{field}"]
