@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+import os
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from k3deploy.blocks._types import AbsPath, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, Arg, StrictBlock, Text
 
 DraftKind = Literal["gqa", "mla", "mla-block5"]
+GeneratedKind = Literal["scripted", "random"]
+# The local hub's rule for a repo id (k3deploy.localhub.store.repo_dir): org/name, nothing that leaves its root.
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # Seed section 3.1: the published drafts, their architecture and speculative-token count.
 KNOWN_DRAFTS: dict[str, DraftKind] = {
@@ -52,14 +59,88 @@ class DraftSpec(CheckpointSpec):
     enforce_eager: bool = Field(default=True, description="speculative_config.enforce_eager")
 
 
+def _repo_id(value: str) -> str:
+    if not _REPO_ID.fullmatch(value):
+        raise ValueError(f"{value!r} is not a repo id: org/name, each of letters, digits, '.', '_', '-'")
+    return value
+
+
+RepoId = Annotated[str, AfterValidator(_repo_id)]
+
+
+class LocalHubConfig(BaseModel):
+    """A model hub k3deploy runs on this machine for the models stage, started before it and stopped after."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: Arg = Field(
+        default="~/.k3deploy/hub",
+        validate_default=True,
+        description="Folder the hub serves, one org/name folder per repo; ~ is expanded.",
+    )
+    host: Text = Field(
+        default="127.0.0.1",
+        description="Loopback IPv4 address the hub listens on: it serves this machine only.",
+    )
+    port: int = Field(default=18080, ge=1, le=65535, description="Port the hub listens on during the run.")
+    generate: dict[RepoId, GeneratedKind] = Field(
+        default_factory=dict,
+        description="Repo id → scripted or random: tiny Kimi-K3-shaped checkpoints k3deploy generates offline "
+        "and publishes on the hub when the hub lacks the repo.",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _expand_root(cls, value: str) -> str:
+        expanded = os.path.expanduser(value)
+        if not expanded.startswith("/"):
+            raise ValueError(f"must be an absolute path (or start with ~), got {value!r}")
+        return expanded
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, value: str) -> str:
+        try:
+            address = ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"must be a loopback IPv4 address such as 127.0.0.1, got {value!r}") from None
+        if not address.is_loopback:
+            raise ValueError(
+                f"{value} is not a loopback address: the local hub serves this machine only (use 127.0.0.1)"
+            )
+        return value
+
+    @property
+    def url(self) -> str:
+        """Where the hub answers, for hub_endpoint and the hub clients."""
+        return f"http://{self.host}:{self.port}"
+
+
+def _same_endpoint(endpoint: str, hub: LocalHubConfig) -> bool:
+    """Whether a hub_endpoint URL names the local hub: http, its host and port, no path."""
+    try:
+        url = urlsplit(endpoint)
+        port = url.port or (80 if url.scheme == "http" else None)
+    except ValueError:
+        return False
+    return url.scheme == "http" and url.hostname == hub.host and port == hub.port and url.path in ("", "/")
+
+
 class ModelsConfig(StrictBlock):
     """Which checkpoints to fetch, from which hub."""
 
     _block_type_name = "k3deploy models"
 
     hub: Literal["modelscope", "huggingface"] = Field(default="modelscope", description="Hub to download from.")
+    # Before hub_endpoint: that field's validator derives from and checks against it.
+    local_hub: LocalHubConfig | None = Field(
+        default=None,
+        description="A hub on this machine that the models stage starts and stops around its work (local profile).",
+    )
     hub_endpoint: Text | None = Field(
-        default=None, description="Hub URL override (a mirror); None means the public hub."
+        default=None,
+        validate_default=True,
+        description="Hub URL override (a mirror); None means the public hub, or local_hub's URL when that is set.",
     )
     hub_token: SecretStr | None = Field(default=None, description="Hub access token; or set K3DEPLOY_HUB_TOKEN.")
     target: CheckpointSpec = Field(
@@ -76,3 +157,18 @@ class ModelsConfig(StrictBlock):
     timeout_s: float = Field(
         default=172800, gt=0, description="Longest a download or a verification may run on one node (seconds)."
     )
+
+    @field_validator("hub_endpoint")
+    @classmethod
+    def _local_hub_endpoint(cls, value: str | None, info: ValidationInfo) -> str | None:
+        local = info.data.get("local_hub")
+        if local is None:
+            return value
+        if value is None:
+            return local.url
+        if not _same_endpoint(value, local):
+            raise ValueError(
+                f"{value} is not where models.local_hub serves ({local.url}); "
+                "leave hub_endpoint out to use the local hub, or make the two agree"
+            )
+        return value

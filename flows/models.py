@@ -1,4 +1,7 @@
-"""The models stage: list, look, verify, make room, download what is missing or bad, agree, check contents."""
+"""The models stage: list, look, verify, make room, download what is missing or bad, agree, check contents.
+
+With models.local_hub set, the local hub is started for the stage and stopped after it.
+"""
 
 from typing import Any
 
@@ -10,6 +13,7 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import ModelsStageFailed
 from k3deploy.stage import Finding, StageResult
 from k3deploy.tasks.models.checks import space_problems
+from k3deploy.tasks.models.localhub import local_hub
 from k3deploy.tasks.models.outcome import (
     CheckpointOutcome,
     ModelsOutcome,
@@ -55,7 +59,7 @@ def models(config: ConfigSource, download: bool = True) -> StageResult:
     """Every node holds the configured checkpoints at the hub's commit, verified; else fail naming node and file."""
     cfg = resolve_config(config)
     run = StageRun("models", ModelsStageFailed)
-    with run.guard():
+    with run.guard(), local_hub(cfg.models):  # the local profile's hub, serving only while the stage works
         outcome = _verify_and_fetch(cfg, run, download)
     for c in outcome.checkpoints:
         description = f"{c.role} `{c.listing.repo}` commit `{c.listing.commit}`, {c.listing.total_bytes} bytes"

@@ -1,8 +1,8 @@
 """Local model hub: serves checkpoints from a folder to the real `huggingface_hub` and `modelscope` clients.
 
 Point the clients at it with ``HF_ENDPOINT=<url>`` / ``MODELSCOPE_ENDPOINT=<url>`` (or their
-``endpoint=`` arguments). Files are published with `publish` (from `testbed.hub_store`); faults are set
-with ``hub.faults`` or ``POST /_admin/faults`` (see `testbed.hub_faults`).
+``endpoint=`` arguments). Files are published with `publish` (from `k3deploy.localhub.store`); faults are
+set with ``hub.faults`` or ``POST /_admin/faults`` (see `k3deploy.localhub.faults`).
 
 Endpoints (everything the installed clients call for listing and downloading):
 
@@ -16,7 +16,7 @@ MS:  GET /api/v1/models/{repo}                                repo info
      GET /api/v1/repos/internalAccelerationInfo               "no intra-cloud region" (probed by every download)
 Admin: GET|POST|DELETE /_admin/faults, GET|DELETE /_admin/requests
 
-CLI: ``python -m testbed.hub --root DIR [--host 127.0.0.1] [--port 0]`` prints the URL and serves.
+CLI: ``python -m k3deploy.localhub --root DIR [--host 127.0.0.1] [--port 0]`` prints the URL and serves.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from testbed import hub_views as views
-from testbed.hub_faults import Faults, RequestLog, RequestRecord
-from testbed.hub_store import Commit, RepoNotFound, RevisionNotFound, publish, read_refs, resolve, set_ref
+from k3deploy.localhub import views
+from k3deploy.localhub.faults import Faults, RequestLog, RequestRecord
+from k3deploy.localhub.store import Commit, RepoNotFound, RevisionNotFound, read_refs, resolve
 
-__all__ = ["HubServer", "main", "publish", "set_ref"]  # publish/set_ref re-exported: one import for tests
+__all__ = ["HubServer", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif not missing:
             self._json(400, {"error": f"{type(error).__name__}: {error}"})
         else:
-            code = {RepoNotFound: "RepoNotFound", RevisionNotFound: "RevisionNotFound"}.get(
-                type(error), "EntryNotFound"
-            )
+            codes: dict[type[Exception], str] = {RepoNotFound: "RepoNotFound", RevisionNotFound: "RevisionNotFound"}
+            code = codes.get(type(error), "EntryNotFound")
             headers = {"X-Error-Code": code, "X-Error-Message": f"{code}: {error}"}
             headers |= {"X-Repo-Commit": error.args[1]} if len(error.args) > 1 else {}
             self._json(404, {"error": f"{code}: {error.args[0]}"}, headers)
@@ -320,6 +319,7 @@ class HubServer:
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000) -> None:
         self._server = _Server((host, port), Path(root), page_size)
+        self._host = host
         self._thread: threading.Thread | None = None
 
     @property
@@ -330,8 +330,7 @@ class HubServer:
     @property
     def url(self) -> str:
         """Base URL to give the clients as HF_ENDPOINT / MODELSCOPE_ENDPOINT."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self._host}:{self._server.server_port}"
 
     @property
     def faults(self) -> Faults:
@@ -380,7 +379,7 @@ class HubServer:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: serve DIR until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m testbed.hub", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m k3deploy.localhub", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--root", required=True, type=Path, help="folder holding <org>/<name>/ repos")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -389,7 +388,3 @@ def main(argv: list[str] | None = None) -> None:
     hub = HubServer(args.root, args.host, args.port, args.page_size)
     print(hub.url, flush=True)
     hub.serve_forever()
-
-
-if __name__ == "__main__":
-    main()

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from testbed.hub_faults import FileFaults
-from testbed.hub_store import Commit, FileEntry, Refs
+from k3deploy.localhub.faults import FileFaults
+from k3deploy.localhub.store import Commit, FileEntry, Refs
 
 FaultsOf = Callable[[str], FileFaults]  # file path -> its switches
 

@@ -35,8 +35,7 @@ from modelscope.hub.api import HubApi as MsHubApi
 from modelscope_hub.config import set_default_config
 from modelscope_hub.errors import FileDownloadError, FileIntegrityError
 
-from testbed.hub import HubServer
-from testbed.hub_store import lfs_pointer, publish, resolve, set_ref
+from k3deploy.localhub import HubServer, lfs_pointer, publish, resolve, set_ref
 
 pytestmark = pytest.mark.bed  # the local hub itself, not the models stage
 
@@ -362,7 +361,7 @@ def test_admin_endpoint_sets_lists_and_clears_faults(hub: HubServer, published: 
 
 def test_cli_serves_a_root(published: dict) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.hub", "--root", str(published["root"]), "--port", "0"],
+        [sys.executable, "-m", "k3deploy.localhub", "--root", str(published["root"]), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parents[2],

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.localhub import HubServer, publish
 from k3deploy.tasks.models.listing import download_urls, list_huggingface, list_modelscope
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.models.remote import job, run_agent
 from k3deploy.tasks.transport import LocalTransport
-from testbed.hub import HubServer
-from testbed.hub_store import publish
 
 pytestmark = [pytest.mark.models, pytest.mark.faults]
 REPO = "k3test/agent"

@@ -18,11 +18,10 @@ import pytest
 
 from k3deploy.errors import K3DeployError, ModelsStageFailed
 from k3deploy.flows.models import models
+from k3deploy.localhub import HubServer, publish
 from k3deploy.stage import StageResult, failure_lines
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import SSHTransport
-from testbed.hub import HubServer
-from testbed.hub_store import publish
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.checkpoints import SHARD, checkpoint_files
 from tests.prefect_runs import task_states

@@ -20,9 +20,8 @@ from prefect.states import AwaitingRetry
 
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
+from k3deploy.localhub import HubServer, publish
 from k3deploy.record import SCHEMA_PATH, RunRecord, runs_dir
-from testbed.hub import HubServer
-from testbed.hub_store import publish
 from tests.bedconfig import write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import control, launch_data, ours
