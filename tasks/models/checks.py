@@ -91,8 +91,9 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else config
 
 
-def tokenizer_findings(role: str, listing: Listing) -> list[Finding]:
-    """The tokenizer and processor files the server loads must be in the checkpoint."""
+def tokenizer_findings(role: str, listing: Listing, vision: bool = True) -> list[Finding]:
+    """The tokenizer and processor files the server loads must be in the checkpoint; the processor's only
+    when config.json declares a vision tower (`vision_config`)."""
     paths = _paths(listing)
     vocab = [p for p in TOKENIZER_VOCAB if p in paths] + sorted(p for p in paths if p.endswith(".tiktoken"))
     has_tokenizer = TOKENIZER_CONFIG in paths and bool(vocab)
@@ -110,8 +111,13 @@ def tokenizer_findings(role: str, listing: Listing) -> list[Finding]:
         Finding(
             role,
             "processor files",
-            bool(processor),
-            ", ".join(processor) or f"none of {', '.join(PROCESSOR_FILES)}: image requests cannot be processed",
+            bool(processor) or not vision,
+            ", ".join(processor)
+            or (
+                f"none of {', '.join(PROCESSOR_FILES)}: image requests cannot be processed"
+                if vision
+                else "not applicable: config.json declares no vision tower (vision_config)"
+            ),
         ),
     ]
 

@@ -176,7 +176,7 @@ def content_findings(
 ) -> list[Finding]:
     """The seed FAQ's checks on what the verified checkpoints contain."""
     target = outcomes["target"]
-    found = tokenizer_findings("target", target.listing)
+    found = tokenizer_findings("target", target.listing, vision="vision_config" in target.config())
     if quantized:
         found += quantization_findings("target", target.listing, target.quant_description())
     if draft is not None and "draft" in outcomes:

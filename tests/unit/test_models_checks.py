@@ -146,3 +146,13 @@ def test_the_hub_token_travels_on_stdin_only():
     )
     assert b"Bearer hf_tok" in agent_input(body)  # the agent needs it ...
     assert "hf_tok" not in with_timeout(agent_command("python3"), 60)  # ... but it is never in a command line
+
+
+def test_processor_files_are_needed_only_with_a_vision_tower():
+    text_only = by_check(tokenizer_findings("target", listing("tokenizer_config.json", "tokenizer.json"), vision=False))
+    assert text_only["processor files"] == (
+        True,
+        "not applicable: config.json declares no vision tower (vision_config)",
+    )
+    with_vision = by_check(tokenizer_findings("target", listing("tokenizer_config.json", "tokenizer.json")))
+    assert not with_vision["processor files"][0]
