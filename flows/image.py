@@ -4,12 +4,13 @@ from dataclasses import asdict
 
 from prefect import flow
 
+from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import ImageStageFailed
 from k3deploy.stage import StageResult
 from k3deploy.tasks.image.agreement import image_problems
 from k3deploy.tasks.image.engine import split_ref
-from k3deploy.tasks.image.steps import ImageRecord, build_image, probe_image, pull_image
+from k3deploy.tasks.image.steps import ImageRecord, build_image, probe_image, provision_environment, pull_image
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -18,21 +19,9 @@ def image(config: ConfigSource) -> StageResult:
     """Every node holds the same image, pinned or built from a known revision, with vLLM-Ascend's Kimi-K3 support."""
     cfg = resolve_config(config)
     run = StageRun("image", ImageStageFailed)
-    record = ImageRecord(ref=cfg.image.pinned_ref)
     with run.guard():
-        if cfg.image.build is not None:
-            held, record.source_revision, record.vllm_commit, record.digest = build_image(cfg.cluster, cfg.image)
-        else:
-            held = pull_image(cfg.cluster, cfg.image)
-            repository = split_ref(record.ref)[0]
-            record.digest = cfg.image.digest or next(iter(held.values())).digest_of(repository)
-        record.nodes = {node: held_image.id for node, held_image in held.items()}
-        problems = image_problems(held, cfg.image.digest if cfg.image.build is None else None)
-        run.findings = problems
-        if not problems:
-            record.image_id = next(iter(held.values())).id
-            record.versions, record.findings = probe_image(cfg.cluster, record.image_id)
-            run.findings = list(record.findings)
+        record = provision_environment(cfg.cluster, cfg.image) if cfg.serve.runtime == "process" else _image(cfg)
+    run.findings = list(record.findings)
     run.table(
         "nodes", [{"node": n, "image id": i} for n, i in record.nodes.items()], f"`{record.ref}` `{record.digest}`"
     )
@@ -46,3 +35,19 @@ def image(config: ConfigSource) -> StageResult:
         run.failed("the nodes do not all hold one image with what Kimi-K3 needs")
     versions = ", ".join(f"{n} {v}" for n, v in record.versions.items())
     return run.passed(f"{record.image_id[:19]} on {len(record.nodes)} nodes; {versions}")
+
+
+def _image(cfg: DeploymentConfig) -> ImageRecord:
+    """The container runtime's image: pulled or built, one image id on every node, then what is inside it."""
+    record = ImageRecord(ref=cfg.image.pinned_ref)
+    if cfg.image.build is not None:
+        held, record.source_revision, record.vllm_commit, record.digest = build_image(cfg.cluster, cfg.image)
+    else:
+        held = pull_image(cfg.cluster, cfg.image)
+        record.digest = cfg.image.digest or next(iter(held.values())).digest_of(split_ref(record.ref)[0])
+    record.nodes = {node: held_image.id for node, held_image in held.items()}
+    record.findings = image_problems(held, cfg.image.digest if cfg.image.build is None else None)
+    if not record.findings:
+        record.image_id = next(iter(held.values())).id
+        record.versions, record.findings = probe_image(cfg.cluster, record.image_id)
+    return record

@@ -32,7 +32,7 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def version_findings(versions: dict[str, str]) -> list[Finding]:
+def version_findings(versions: dict[str, str], packages: tuple[str, ...] = PACKAGES) -> list[Finding]:
     return [
         Finding(
             "image",
@@ -40,7 +40,7 @@ def version_findings(versions: dict[str, str]) -> list[Finding]:
             name in versions,
             versions.get(name, "not installed (pip show found no such package)"),
         )
-        for name in PACKAGES
+        for name in packages
     ]
 
 
@@ -54,13 +54,31 @@ def _flag_help(text: str, flag: str) -> str | None:
     return rest if following is None else rest[: following.start() + len(flag) + 2]
 
 
-def kimi_findings(help_text: str) -> list[Finding]:
-    """The Kimi-K3 tokenizer mode and parsers the seed's `vllm serve` line needs."""
+# vLLM 0.32 lists no choices under --reasoning-parser: its registry is asked instead.
+REASONING_REGISTRY = (
+    "from vllm.reasoning import ReasoningParserManager as m; m.get_reasoning_parser('kimi_k3'); "
+    "print('reasoning parser kimi_k3 registered')"
+)
+
+
+def registry_said(output: str) -> bool:
+    return "reasoning parser kimi_k3 registered" in output
+
+
+def kimi_findings(help_text: str, reasoning_registered: bool | None = None) -> list[Finding]:
+    """The Kimi-K3 tokenizer mode and parsers the seed's `vllm serve` line needs.
+
+    `reasoning_registered`: what vLLM's reasoning-parser registry said, for versions whose help lists
+    no choices for --reasoning-parser.
+    """
     out = []
     for flag in KIMI_FLAGS:
         paragraph = _flag_help(help_text, flag)
         if paragraph is None:
             out.append(Finding("image", f"{flag} {KIMI}", False, f"`vllm serve --help` has no {flag}"))
+        elif reasoning_registered is not None and flag == "--reasoning-parser" and "{" not in paragraph:
+            detail = "registered in vLLM's reasoning-parser registry" if reasoning_registered else "not registered"
+            out.append(Finding("image", f"{flag} {KIMI}", reasoning_registered, detail))
         else:
             ok = re.search(rf"\b{KIMI}\b", paragraph) is not None
             first = paragraph.strip().splitlines()[0][:160]

@@ -17,15 +17,17 @@ from k3deploy.blocks.image import ImageConfig
 from k3deploy.errors import TransportError
 from k3deploy.stage import Finding
 from k3deploy.tasks.image import build as building
+from k3deploy.tasks.image import environment
 from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from k3deploy.tasks.image.probe import (
     PIP_SHOW,
     SERVE_HELP,
     kimi_findings,
     parse_pip_show,
+    registry_said,
     version_findings,
 )
-from k3deploy.tasks.transport.base import on_every_node
+from k3deploy.tasks.transport.base import CommandResult, Transport, on_every_node, run_all
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -141,3 +143,42 @@ def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], 
     else:
         findings += kimi_findings(help_text)
     return versions, findings
+
+
+@task(name="provision environment", cache_policy=NO_CACHE)
+def provision_environment(cluster: ClusterConfig, image: ImageConfig) -> ImageRecord:
+    """The process runtime's environment on every node (node 0 first: nodes may share a host), then
+    proof that every node has the same one, and what is inside it."""
+    env = image.environment
+    logger = get_run_logger()
+    record = ImageRecord(ref=env.path)
+
+    def show(node: str, stream: str, line: str) -> None:
+        if line.strip():
+            logger.info("%s: %s", node, line.rstrip())
+
+    def make(node: str, transport: Transport) -> None:
+        transport.run(environment.provision_script(env), timeout=env.timeout_s, on_output=show).check()
+
+    with open_transports(cluster) as transports:
+        first = next(iter(transports))
+        make(first, transports[first])
+        on_every_node({n: t for n, t in transports.items() if n != first}, make, "the image stage")
+        frozen = run_all(transports, environment.freeze_command(env), timeout=300)
+        node0 = transports[first]
+        shown = node0.run(environment.pip_show_command(env), timeout=300)
+        helped = node0.run(environment.serve_help_command(env), timeout=600)
+        registry = node0.run(environment.reasoning_registry_command(env), timeout=600)
+    failed = {n: r for n, r in frozen.items() if not isinstance(r, CommandResult) or not r.ok}
+    if failed:
+        raise ImageError(next(iter(failed)), f"cannot list the environment {env.path}: {failed}")
+    record.nodes = {n: environment.environment_id(r.stdout) for n, r in frozen.items() if isinstance(r, CommandResult)}
+    record.findings = environment.identity_findings(record.nodes)
+    record.image_id = next(iter(record.nodes.values()))
+    record.versions = parse_pip_show(shown.stdout)
+    record.findings += version_findings(record.versions, environment.requirement_names(env))
+    if helped.exit_code != 0:
+        record.findings.append(Finding("image", "vllm serve --help", False, helped.stderr.strip()[-200:]))
+    else:
+        record.findings += kimi_findings(helped.stdout, registry_said(registry.stdout))
+    return record

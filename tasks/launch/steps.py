@@ -99,12 +99,12 @@ def wait_until_ready(
             record.time_to_ready_s = round(time.monotonic() - t0, 3)
             count = ready.burst_requests or 4 * cfg.serve.data_parallel_size
             failures = burst(base_url, cfg.serve.served_model_name, count, ready.request_timeout_s)
+            _raise_if_failed(monitor)  # a rank that died during the burst is named, not just counted
             if failures:
                 raise LaunchFailed(
                     f"{len(failures)} of {count} concurrent requests failed: a DP rank is not serving; "
                     + "; ".join(failures[:5])
                 )
-            _raise_if_failed(monitor)  # a rank may have died during the burst
             record.burst_requests = count
             logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
         except LaunchFailed as err:
