@@ -22,4 +22,8 @@ def teardown(config: ConfigSource, run_id: str | None = None) -> StageResult:
     run.table("removed", [{"node": node, "removed": ", ".join(names) or "-"} for node, names in removed.items()])
     run.data = {"removed": removed}
     count = sum(map(len, removed.values()))
-    return run.passed(f"removed {count} container(s)" if count else "nothing was running")
+    return run.passed(
+        f"removed {count}: {', '.join(n for names in removed.values() for n in names)}"
+        if count
+        else "nothing was running"
+    )

@@ -15,6 +15,7 @@ from k3deploy.blocks.serve import DERIVED_ENV
 LABEL_PREFIX = "k3deploy"
 CONFIG_LABEL = f"{LABEL_PREFIX}.config"  # the fingerprint of the config a container runs
 RUN_LABEL = f"{LABEL_PREFIX}.run"
+NODE_LABEL = f"{LABEL_PREFIX}.node"
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def unit_labels(cfg: DeploymentConfig, index: int, run_id: str | None) -> dict[s
     """What a node's container or process carries: the config it runs, its node and rank, the run."""
     labels = {
         CONFIG_LABEL: cfg.fingerprint(),
-        f"{LABEL_PREFIX}.node": cfg.cluster.nodes[index].name,
+        NODE_LABEL: cfg.cluster.nodes[index].name,
         f"{LABEL_PREFIX}.dp-rank": str(index * cfg.serve.data_parallel_size_local),
     }
     if run_id is not None:

@@ -23,7 +23,7 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
-from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, NodePlan, ProcessSpec
+from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec
 from k3deploy.tasks.transport.base import Transport
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
@@ -207,16 +207,20 @@ class ProcessRuntime:
             return None
         return f"the process exited (status {result.stdout.strip() or 'unknown'})"
 
+    def _mine(self, labels: Mapping[str, str]) -> list[ProcessState]:
+        """This node's processes with these labels: nodes sharing a host each see the others' folders."""
+        wanted = {**labels, NODE_LABEL: self.node}
+        return [s for s in self._states() if all(s.labels.get(k) == v for k, v in wanted.items())]
+
     def remove(self, labels: Mapping[str, str]) -> list[str]:
         removed = []
-        for state in self._states():
-            if all(state.labels.get(k) == v for k, v in labels.items()):
-                self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60).check()
-                removed.append(state.name)
+        for state in self._mine(labels):
+            self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60).check()
+            removed.append(state.name)
         return removed
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
-        return [s.name for s in self._states() if all(s.labels.get(k) == v for k, v in labels.items())]
+        return [s.name for s in self._mine(labels)]
 
 
 @contextlib.contextmanager
