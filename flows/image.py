@@ -10,7 +10,14 @@ from k3deploy.errors import ImageStageFailed
 from k3deploy.stage import StageResult
 from k3deploy.tasks.image.agreement import image_problems
 from k3deploy.tasks.image.engine import split_ref
-from k3deploy.tasks.image.steps import ImageRecord, build_image, probe_image, provision_environment, pull_image
+from k3deploy.tasks.image.steps import (
+    ImageRecord,
+    build_image,
+    probe_environment,
+    probe_image,
+    provision_environment,
+    pull_image,
+)
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -20,7 +27,7 @@ def image(config: ConfigSource) -> StageResult:
     cfg = resolve_config(config)
     run = StageRun("image", ImageStageFailed)
     with run.guard():
-        record = provision_environment(cfg.cluster, cfg.image) if cfg.serve.runtime == "process" else _image(cfg)
+        record = _environment(cfg) if cfg.serve.runtime == "process" else _image(cfg)
     run.findings = list(record.findings)
     run.table(
         "nodes", [{"node": n, "image id": i} for n, i in record.nodes.items()], f"`{record.ref}` `{record.digest}`"
@@ -50,4 +57,13 @@ def _image(cfg: DeploymentConfig) -> ImageRecord:
     if not record.findings:
         record.image_id = next(iter(held.values())).id
         record.versions, record.findings = probe_image(cfg.cluster, record.image_id)
+    return record
+
+
+def _environment(cfg: DeploymentConfig) -> ImageRecord:
+    """The process runtime's environment: made or reused on every node, the same everywhere, then what is inside."""
+    record = provision_environment(cfg.cluster, cfg.image)
+    if all(f.ok for f in record.findings):
+        record.versions, found = probe_environment(cfg.cluster, cfg.image, record.image_id)
+        record.findings += found
     return record

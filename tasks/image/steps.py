@@ -148,7 +148,7 @@ def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], 
 @task(name="provision environment", cache_policy=NO_CACHE)
 def provision_environment(cluster: ClusterConfig, image: ImageConfig) -> ImageRecord:
     """The process runtime's environment on every node (node 0 first: nodes may share a host), then
-    proof that every node has the same one, and what is inside it."""
+    proof that every node has the same one (an id of its pip freeze)."""
     env = image.environment
     logger = get_run_logger()
     record = ImageRecord(ref=env.path)
@@ -165,20 +165,34 @@ def provision_environment(cluster: ClusterConfig, image: ImageConfig) -> ImageRe
         make(first, transports[first])
         on_every_node({n: t for n, t in transports.items() if n != first}, make, "the image stage")
         frozen = run_all(transports, environment.freeze_command(env), timeout=300)
-        node0 = transports[first]
+    for node, result in frozen.items():
+        if not isinstance(result, CommandResult) or not result.ok:
+            raise ImageError(node, f"cannot list the environment {env.path}: {result}")
+        record.nodes[node] = environment.environment_id(result.stdout)
+    record.findings = environment.identity_findings(record.nodes)
+    record.image_id = next(iter(record.nodes.values()))
+    return record
+
+
+def _environment_key(context: Any, parameters: dict[str, Any]) -> str:
+    return f"probe-environment-{parameters['environment_id']}"  # what an environment id holds never changes
+
+
+@task(name="probe environment", cache_key_fn=_environment_key, persist_result=True)
+def probe_environment(
+    cluster: ClusterConfig, image: ImageConfig, environment_id: str
+) -> tuple[dict[str, str], list[Finding]]:
+    """pip show, and the Kimi-K3 flags and reasoning parser of vllm serve, in node 0's environment."""
+    env = image.environment
+    with open_transports(cluster) as transports:
+        node0 = next(iter(transports.values()))
         shown = node0.run(environment.pip_show_command(env), timeout=300)
         helped = node0.run(environment.serve_help_command(env), timeout=600)
         registry = node0.run(environment.reasoning_registry_command(env), timeout=600)
-    failed = {n: r for n, r in frozen.items() if not isinstance(r, CommandResult) or not r.ok}
-    if failed:
-        raise ImageError(next(iter(failed)), f"cannot list the environment {env.path}: {failed}")
-    record.nodes = {n: environment.environment_id(r.stdout) for n, r in frozen.items() if isinstance(r, CommandResult)}
-    record.findings = environment.identity_findings(record.nodes)
-    record.image_id = next(iter(record.nodes.values()))
-    record.versions = parse_pip_show(shown.stdout)
-    record.findings += version_findings(record.versions, environment.requirement_names(env))
+    versions = parse_pip_show(shown.stdout)
+    findings = version_findings(versions, environment.requirement_names(env))
     if helped.exit_code != 0:
-        record.findings.append(Finding("image", "vllm serve --help", False, helped.stderr.strip()[-200:]))
+        findings.append(Finding("image", "vllm serve --help", False, helped.stderr.strip()[-200:]))
     else:
-        record.findings += kimi_findings(helped.stdout, registry_said(registry.stdout))
-    return record
+        findings += kimi_findings(helped.stdout, registry_said(registry.stdout))
+    return versions, findings
