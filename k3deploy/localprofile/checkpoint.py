@@ -34,6 +34,16 @@ TOOL_ARGUMENTS = {"city": "Paris"}
 REASONING = "I should call get_weather for Paris."
 TOOL_CONTENT = "Let me look up the weather in Paris."
 PLAIN_CONTENT = "Hello from the tiny scripted Kimi-K3 model."
+# The request the script answers with a tool call: what smoke checks and tests send it.
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+QUESTION = "What is the weather in Paris?"
 CALL_OPEN = f'{OPEN}call tool="{TOOL_NAME}" index="1"{SEP}'
 ARGUMENT_OPEN = f'{OPEN}argument key="city" type="string"{SEP}'
 

@@ -37,17 +37,8 @@ pytestmark = [
     ),
 ]
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [ck.TOOL_SCHEMA]
+USER = [{"role": "user", "content": ck.QUESTION}]
 
 
 def _free_port() -> int:

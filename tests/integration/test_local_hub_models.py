@@ -28,6 +28,7 @@ from k3deploy.stage import failure_lines
 from k3deploy.tasks.models import localhub
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME
 from tests.bedconfig import write_config
+from tests.ports import port_free
 from tests.prefect_runs import task_states
 
 pytestmark = pytest.mark.models
@@ -54,21 +55,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def port_is_free(port: int) -> bool:
-    """Nobody listens and a server can bind it (SO_REUSEADDR, as servers do: the hub's closed
-    connections linger in TIME_WAIT, which only a bind without it would trip over)."""
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", port)) == 0:
-            return False
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture
@@ -132,7 +118,7 @@ def test_models_stage_publishes_serves_downloads_and_stops_its_own_hub(
 ) -> None:
     port = free_port()
     config = write_config(tmp_path / "local.yaml", local_profile(tmp_path, port))
-    assert port_is_free(port)  # nothing is running before the command
+    assert port_free(port)  # nothing is running before the command
 
     result = models(config=config)
 
@@ -157,7 +143,7 @@ def test_models_stage_publishes_serves_downloads_and_stops_its_own_hub(
     for path, entry in commit.files.items():
         assert hashlib.sha256((held / path).read_bytes()).hexdigest() == entry.sha256
     assert json.loads((held / MANIFEST_NAME).read_text())["commit"] == commit.sha
-    assert port_is_free(port)  # stopped after the stage
+    assert port_free(port)  # stopped after the stage
 
     state = models(config=config, return_state=True)
 
@@ -166,7 +152,7 @@ def test_models_stage_publishes_serves_downloads_and_stops_its_own_hub(
     assert resolve(tmp_path / "hub", REPO, "main").sha == commit.sha
     assert len(servers) == 2 and hf_requests(servers[1])["download"] == []  # nothing downloaded
     assert "fetch checkpoint" not in task_states(state)
-    assert port_is_free(port)
+    assert port_free(port)
 
 
 @pytest.mark.prefect
@@ -206,7 +192,7 @@ def test_the_hub_serves_inside_the_block_and_stops_when_it_fails(tmp_path, gener
 
         assert HfApi(endpoint=url, token=False).model_info(REPO).sha == resolve(tmp_path / "hub", REPO, "main").sha
         raise RuntimeError("the stage broke")
-    assert port_is_free(port)
+    assert port_free(port)
 
 
 def test_a_failed_generation_publishes_nothing_and_frees_the_port(tmp_path, monkeypatch) -> None:
@@ -218,7 +204,7 @@ def test_a_failed_generation_publishes_nothing_and_frees_the_port(tmp_path, monk
     port = free_port()
     with pytest.raises(OSError, match="disk full"), localhub.local_hub(models_config(tmp_path, port)):
         pytest.fail("the block must not run")
-    assert port_is_free(port)
+    assert port_free(port)
     assert not (tmp_path / "hub" / REPO).exists()
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []  # no temporary folder left either
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -25,38 +24,20 @@ from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
+from k3deploy.localprofile.checkpoint import QUESTION, TOOL_SCHEMA
 from k3deploy.record import SCHEMA_PATH, runs_dir
 from tests.bedconfig import write_config
+from tests.ports import port_free
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 ROOT = Path(__file__).parents[2]
 PROFILE = ROOT / "configs" / "local.yaml"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 
 
 def profile(tmp_path: Path, **serve: Any) -> str:
     data = yaml.safe_load(PROFILE.read_text())
     data["serve"] |= serve
     return write_config(tmp_path / "local.yaml", data)
-
-
-def port_free(port: int) -> bool:
-    """Nobody listens there (closed connections in TIME_WAIT do not count: servers bind with SO_REUSEADDR)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def nothing_left(config: str) -> None:
@@ -104,8 +85,8 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
             f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions",
             json={
                 "model": cfg.serve.served_model_name,
-                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-                "tools": TOOLS,
+                "messages": [{"role": "user", "content": QUESTION}],
+                "tools": [TOOL_SCHEMA],
                 "tool_choice": "auto",
                 "max_tokens": 64,
                 "temperature": 0,

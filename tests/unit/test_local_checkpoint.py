@@ -19,17 +19,8 @@ from k3deploy.localprofile import checkpoint as ck
 pytestmark = pytest.mark.models
 
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [ck.TOOL_SCHEMA]
+USER = [{"role": "user", "content": ck.QUESTION}]
 USER_TURN = '<|open|>message role="user"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>'
 ASSISTANT = '<|open|>message role="assistant"<|sep|>'
 
