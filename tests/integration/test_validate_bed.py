@@ -22,7 +22,7 @@ from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
 from k3deploy.record import SCHEMA_PATH, RunRecord, runs_dir
-from tests.bedconfig import write_config
+from tests.bedconfig import bed_transports, write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import control, launch_data, ours
 
@@ -33,9 +33,13 @@ BODY = ["preflight", "models", "comm", "image", "launch"]
 
 @pytest.fixture(scope="module")
 def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
+    """The checkpoint on the local hub; its copies on the nodes are removed afterwards."""
     with HubServer(tmp_path_factory.mktemp("hub"), host=testbed.state.bridge["ip"]) as server:
         publish(server.root, REPO, checkpoint_files(11))
         yield server
+    for transport in bed_transports(testbed).values():
+        transport.run(f"rm -rf /srv/models/{REPO.split('/')[1]}", 60).check()
+        transport.close()
 
 
 def config(bed, hub: HubServer, tmp_path: Path, **changes: Any) -> str:
