@@ -48,6 +48,10 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any]) -> S
     return result
 
 
+def _first_failure(results: list[StageResult]) -> StageResult | None:
+    return next((r for r in results if r.verdict is Verdict.FAIL), None)
+
+
 @task(name="write run record", cache_policy=NO_CACHE)
 def record_run(record: RunRecord) -> str:
     path = write_record(record)
@@ -91,20 +95,20 @@ def validate(
     options = {"fresh": fresh, "download": download}
     results: list[StageResult] = []
     for stage in chosen:
-        if results and results[-1].verdict is Verdict.FAIL:
-            reason = f"not run: {results[-1].stage} failed"
+        failed = _first_failure(results)
+        if failed is not None:
+            reason = f"not run: {failed.stage} failed"
             results.append(StageResult(stage=stage.name, verdict=Verdict.SKIPPED, reason=reason))
-            continue
-        results.append(run_stage(stage, cfg, options))
-    failed = next((r for r in results if r.verdict is Verdict.FAIL), None)
-    if keep_serving and failed is None:
+        else:
+            results.append(run_stage(stage, cfg, options))
+    if keep_serving and _first_failure(results) is None:
         results.append(StageResult(stage=FINAL, verdict=Verdict.SKIPPED, reason="keep_serving: the service is left up"))
     else:
         results.append(run_stage(BY_NAME[FINAL], cfg, {}))
     record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
     path = record_run(record)
     logger.info("run record: %s", path)
-    failed = next((r for r in results if r.verdict is Verdict.FAIL), None)
+    failed = _first_failure(results)
     if failed is not None:
         raise ValidateFailed(f"validate failed at {failed.stage}: {failed.reason or failed.summary}")
     return {"run_id": run_id, "verdict": record.verdict, "record": path}
