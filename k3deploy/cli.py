@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -78,8 +79,6 @@ def _source(source: Path) -> str:
 
 def _set_runs_dir(runs_dir: Path | None) -> None:
     if runs_dir is not None:
-        import os
-
         os.environ["K3DEPLOY_RUNS_DIR"] = str(runs_dir)
 
 
