@@ -36,8 +36,11 @@ def run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Started:
+    """A node's server as its runtime knows it: `handle` is a container id or a process's name."""
+
     node: str
-    container_id: str
+    name: str
+    handle: str
     adopted: bool
 
 
@@ -58,7 +61,7 @@ def start_or_adopt(client: docker.DockerClient, node: str, spec: ContainerSpec) 
         labels = found.labels or {}
         ours = labels.get(CONFIG_LABEL) == spec.labels.get(CONFIG_LABEL)
         if ours and found.status == "running":
-            return Started(node, found.id, adopted=True)
+            return Started(node, spec.name, found.id, adopted=True)
         if not ours:
             owner = (
                 f"config {labels[CONFIG_LABEL]}, run {labels.get(RUN_LABEL, '?')}"
@@ -78,7 +81,7 @@ def start_or_adopt(client: docker.DockerClient, node: str, spec: ContainerSpec) 
         raise LaunchError(node, f"image {spec.image} is not on the node: run the image stage first") from None
     except docker.errors.APIError as err:
         raise LaunchError(node, f"cannot start {spec.name}: {err.explanation or err}") from None
-    return Started(node, container.id, adopted=False)
+    return Started(node, spec.name, container.id, adopted=False)
 
 
 def labelled(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Any]:

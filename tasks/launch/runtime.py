@@ -110,7 +110,7 @@ def ps_script(state_root: str) -> str:
     """One line per process folder: name, alive or dead, exit code, labels JSON (tab-separated)."""
     root = shlex.quote(state_root)
     return (
-        f"for d in {root}/*/; do [ -f \"$d/labels.json\" ] || continue; n=$(basename \"$d\"); "
+        f'for d in {root}/*/; do [ -f "$d/labels.json" ] || continue; n=$(basename "$d"); '
         'if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then a=alive; else a=dead; fi; '
         'r=$(cat "$d/rc" 2>/dev/null || echo -); '
         'printf "%s\\t%s\\t%s\\t%s\\n" "$n" "$a" "$r" "$(tr -d "\\n" <"$d/labels.json")"; done'
@@ -161,7 +161,7 @@ class ProcessRuntime:
         if found is not None:
             ours = found.labels.get(CONFIG_LABEL) == spec.labels.get(CONFIG_LABEL)
             if ours and found.alive:
-                return Started(self.node, spec.name, adopted=True)
+                return Started(self.node, spec.name, spec.name, adopted=True)
             if not ours and found.alive:
                 owner = f"config {found.labels.get(CONFIG_LABEL, '?')}, run {found.labels.get(RUN_LABEL, '?')}"
                 raise LaunchError(
@@ -171,7 +171,7 @@ class ProcessRuntime:
                 )
             self.transport.run(stop_script(spec.state_dir, self.grace_s), timeout=60).check()  # dead: start afresh
         self.transport.run(spec.start_script(), timeout=60).check()
-        return Started(self.node, spec.name, adopted=False)
+        return Started(self.node, spec.name, spec.name, adopted=False)
 
     def log_chunks(self, handle: str, stopping: threading.Event) -> Iterator[bytes]:
         """`tail -F` of the process's log until it exits; lines arrive through the transport's callback."""

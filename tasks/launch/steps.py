@@ -58,7 +58,7 @@ def start_containers(cfg: DeploymentConfig, plan: Plan) -> dict[str, Started]:
             done = runtimes[node_plan.node].start(node_plan)
             started[node_plan.node] = done
             verb = "adopted running" if done.adopted else "started"
-            logger.info("%s: %s %s (DP rank %d)", node_plan.node, verb, done.container_id[:12], node_plan.dp_rank)
+            logger.info("%s: %s %s (DP rank %d)", node_plan.node, verb, done.name, node_plan.dp_rank)
     return started
 
 
@@ -79,7 +79,7 @@ def wait_until_ready(
     with serving_runtimes(cfg) as runtimes:
         for node_plan in plan.nodes:
             node = node_plan.node
-            monitor.follow(node, node_plan.dp_rank, runtimes[node], started[node].container_id)
+            monitor.follow(node, node_plan.dp_rank, runtimes[node], started[node].handle)
         try:
             while True:
                 _raise_if_failed(monitor)
