@@ -128,7 +128,7 @@ def run(
     no_download: Annotated[bool, typer.Option("--no-download", help="Fail instead of downloading.")] = False,
     runs_dir: RunsDir = None,
 ) -> None:
-    """Run the whole pipeline (validate): preflight → models → comm → image → launch → teardown."""
+    """Run the whole pipeline (validate): preflight → models → comm → image → launch → smoke → bench → teardown."""
     from k3deploy.flows.registry import select
 
     try:
@@ -275,7 +275,9 @@ def _fail(message: str) -> NoReturn:
 def main() -> None:
     debug = "--debug" in sys.argv[1:]
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a typer.Exit comes back as its code here, not raised
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as usage:

@@ -71,3 +71,14 @@ def test_without_prefect_api_url_the_cli_starts_one_server_and_reuses_it(testbed
         stopped = k3deploy("server", "stop", env=env)
     assert stopped.stdout.startswith("stopped the server at http://127.0.0.1:")
     assert k3deploy("server", "status", env=env).stdout.startswith("not running")
+
+
+def test_a_failed_run_and_a_failed_rerun_exit_1(prefect_server, testbed, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    config = write_config(tmp_path / "bed.yaml", launch_data(testbed))  # nothing serves: smoke cannot pass
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "COLUMNS": "200"}
+    out = k3deploy("run", "-c", config, "--only", "smoke", "--runs-dir", tmp_path / "runs", env=env)
+    assert out.returncode == 1 and "■ smoke fail in " in out.stderr, out.stderr
+    again = k3deploy("rerun", "-c", config, "smoke", env=env)
+    assert again.returncode == 1 and "smoke" in again.stdout + again.stderr
