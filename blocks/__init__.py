@@ -23,6 +23,7 @@ _WHERE = {
     "RegistryAuth": "image",
     "SSHSettings": "cluster",
     "ServeConfig": "serve",
+    "SmokeConfig": "smoke",
     "load_config": "loader",
     "parse_config": "loader",
 }

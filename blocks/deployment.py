@@ -14,6 +14,7 @@ from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
+from k3deploy.blocks.smoke import SmokeConfig
 from k3deploy.errors import ConfigError
 
 
@@ -26,6 +27,7 @@ class DeploymentConfig(StrictBlock):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="Target and draft checkpoints.")
     image: ImageConfig = Field(default_factory=ImageConfig, description="Image to pull or build.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="vllm serve flags and environment.")
+    smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="Smoke checks against the service.")
     bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
 
     @model_validator(mode="after")

@@ -57,7 +57,9 @@ def parse_config(data: Any, source: str | None = None, environ: dict[str, str] |
     from k3deploy.blocks.deployment import DeploymentConfig
 
     if not isinstance(data, dict):
-        raise ConfigError([("", "the document must be a mapping with cluster, models, image, serve, bench")], source)
+        raise ConfigError(
+            [("", "the document must be a mapping with cluster, models, image, serve, smoke, bench")], source
+        )
     _inject_secrets(data, os.environ if environ is None else environ)
     try:
         return DeploymentConfig.model_validate(data)

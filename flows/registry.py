@@ -44,6 +44,19 @@ STAGES: tuple[Stage, ...] = (
         False,
         ("teardown_after",),
     ),
+    # Never cached: they ask the service that this run started.
+    Stage(
+        "smoke",
+        "k3deploy.flows.smoke:smoke",
+        "real requests: chat, stream, tools, reasoning, cache, every rank",
+        ("launch",),
+    ),
+    Stage(
+        "bench",
+        "k3deploy.flows.bench:bench",
+        "vllm bench serve: every request served, figures vs baselines",
+        ("launch",),
+    ),
     Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", (), False, ("run_id",)),
 )
 # `validate` always ends with teardown (unless keep_serving) and then writes the run record.

@@ -106,6 +106,14 @@ class LaunchStageFailed(StageFailed):
     """The service did not come up: a fatal line, a container exit, or the ready timeout."""
 
 
+class SmokeStageFailed(StageFailed):
+    """A smoke check failed: a request failed or its answer lacked what the check asserts."""
+
+
+class BenchStageFailed(StageFailed):
+    """A benchmark request failed, the tool failed, or a metric missed its baseline."""
+
+
 class TeardownFailed(StageFailed):
     """A node's containers could not all be removed, or the node could not be reached."""
 

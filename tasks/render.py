@@ -270,27 +270,46 @@ def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None)
     )
 
 
-def bench_argv(cfg: DeploymentConfig) -> list[str]:
-    """Seed section 8's `vllm bench serve` against node 0."""
+def bench_file(workload: str, concurrency: int) -> str:
+    """The saved JSON's name for one bench run: one file per workload and concurrency (a sweep resumes by it)."""
+    return f"{workload}-c{concurrency}.json"
+
+
+def bench_argv(cfg: DeploymentConfig, workload: str = "random", concurrency: int | None = None) -> list[str]:
+    """Seed section 8's `vllm bench serve` against node 0; `prefix_repetition` is the prefix-hit workload."""
     bench, serve = cfg.bench, cfg.serve
+    concurrency = concurrency or bench.max_concurrency
     base_url = f"http://{cfg.cluster.nodes[0].serving_ip}:{serve.service_port}"
     argv = ["vllm", "bench", "serve", "--backend", bench.backend, "--base-url", base_url]
     argv += ["--endpoint", bench.endpoint, "--model", serve.served_model_name]
     argv += ["--tokenizer", str(cfg.models.tokenizer_path)]
     if serve.tokenizer_mode is not None:
         argv += ["--tokenizer-mode", serve.tokenizer_mode]
+    if workload == "prefix_repetition":
+        prefix = bench.random_input_len * 3 // 4
+        argv += [
+            "--dataset-name", "prefix_repetition",
+            "--prefix-repetition-prefix-len", str(prefix),
+            "--prefix-repetition-suffix-len", str(bench.random_input_len - prefix),
+            "--prefix-repetition-num-prefixes", str(bench.prefix_repetition_num_prefixes),
+            "--prefix-repetition-output-len", str(bench.random_output_len),
+        ]  # fmt: skip
+    else:
+        argv += [
+            "--dataset-name", bench.dataset_name,
+            "--random-input-len", str(bench.random_input_len),
+            "--random-output-len", str(bench.random_output_len),
+            "--random-range-ratio", _number(bench.random_range_ratio),
+        ]  # fmt: skip
     argv += [
-        "--dataset-name", bench.dataset_name,
-        "--random-input-len", str(bench.random_input_len),
-        "--random-output-len", str(bench.random_output_len),
-        "--random-range-ratio", _number(bench.random_range_ratio),
         "--num-prompts", str(bench.num_prompts),
-        "--max-concurrency", str(bench.max_concurrency),
+        "--max-concurrency", str(concurrency),
         "--request-rate", _number(bench.request_rate),
     ]  # fmt: skip
     if bench.ignore_eos:
         argv.append("--ignore-eos")
-    argv += ["--save-result", "--result-dir", bench.result_dir]
+    argv += ["--percentile-metrics", bench.percentile_metrics, "--metric-percentiles", bench.metric_percentiles]
+    argv += ["--save-result", "--result-dir", bench.result_dir, "--result-filename", bench_file(workload, concurrency)]
     return argv + list(bench.extra_args)
 
 

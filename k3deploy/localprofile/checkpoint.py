@@ -19,6 +19,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from k3deploy.tasks.smoke.checks import TOOL_SCHEMA
+
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 MAX_POSITIONS = 4096
 
@@ -29,21 +31,12 @@ RESPONSE_OPEN, RESPONSE_CLOSE = f"{OPEN}response{SEP}", f"{CLOSE}response{SEP}"
 TOOLS_OPEN, TOOLS_CLOSE = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
 MESSAGE_CLOSE = f"{CLOSE}message{SEP}"
 
-TOOL_NAME = "get_weather"
+# The smoke stage's tool-call request is what the script answers: the same tool, question and arguments.
+TOOL_NAME = TOOL_SCHEMA["function"]["name"]
 TOOL_ARGUMENTS = {"city": "Paris"}
 REASONING = "I should call get_weather for Paris."
 TOOL_CONTENT = "Let me look up the weather in Paris."
 PLAIN_CONTENT = "Hello from the tiny scripted Kimi-K3 model."
-# The request the script answers with a tool call: what smoke checks and tests send it.
-TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-QUESTION = "What is the weather in Paris?"
 CALL_OPEN = f'{OPEN}call tool="{TOOL_NAME}" index="1"{SEP}'
 ARGUMENT_OPEN = f'{OPEN}argument key="city" type="string"{SEP}'
 

@@ -1,7 +1,8 @@
 """Where a node's vLLM runs: one interface, a container (docker) or a process (process) per node.
 
 Launch, log following, fail-fast, readiness and teardown are the same code over these primitives:
-start (or adopt ours, refuse others), follow the log, wait for the exit, list and remove by labels.
+start (or adopt ours, refuse others), follow the log, wait for the exit, list and remove by labels;
+and run a tool beside the server with the server's own vLLM (bench: its version and tokenizer match).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import queue
 import shlex
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,7 +25,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec
-from k3deploy.tasks.transport.base import Transport
+from k3deploy.tasks.transport.base import CommandResult, Transport, with_timeout
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
 FOREVER_S = 7 * 24 * 3600.0  # a log follow or an exit wait lasts as long as the server does
@@ -53,6 +54,12 @@ class Runtime(Protocol):
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         """Servers (running or not) carrying these labels."""
+        ...
+
+    def run_beside(
+        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+    ) -> CommandResult:
+        """Run a shell command where the node's server runs: in its container, or with its environment."""
         ...
 
 
@@ -94,6 +101,30 @@ class DockerRuntime:
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         return [c.name for c in labelled(self.client, labels)]
+
+    def run_beside(
+        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+    ) -> CommandResult:
+        assert plan.container is not None, "serve.runtime docker renders a container"
+        started, api = time.monotonic(), self.client.api
+        try:
+            exec_id = api.exec_create(plan.container.name, ["sh", "-c", with_timeout(command, timeout)])["Id"]
+            pending, out = "", []
+            for chunk in api.exec_start(exec_id, stream=True):
+                pending += chunk.decode(errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    out.append(line)
+                    if on_line is not None:
+                        on_line(line)
+            out += [pending] if pending else []
+            code = api.exec_inspect(exec_id)["ExitCode"]
+        except docker.errors.APIError as err:
+            raise LaunchError(self.node, f"cannot run in {plan.container.name}: {err.explanation or err}") from None
+        text = "\n".join(out)
+        return CommandResult(
+            self.node, command, -1 if code is None else int(code), text, text, time.monotonic() - started
+        )
 
 
 @dataclass(frozen=True)
@@ -221,6 +252,14 @@ class ProcessRuntime:
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         return [s.name for s in self._mine(labels)]
+
+    def run_beside(
+        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+    ) -> CommandResult:
+        assert plan.process is not None, "serve.runtime process renders a process"
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.process.environment.items())
+        show = None if on_line is None else (lambda _host, _stream, line: on_line(line))
+        return self.transport.run(f"env {assignments} sh -c {shlex.quote(command)}", timeout, on_output=show)
 
 
 @contextlib.contextmanager

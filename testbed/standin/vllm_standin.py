@@ -729,6 +729,9 @@ def tool_arguments(tool: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
@@ -937,6 +940,7 @@ class Server(ThreadingHTTPServer):
     def __init__(self, args: argparse.Namespace, controls: Controls, coordinator: Coordinator, max_len: int) -> None:
         self.args, self.controls, self.coordinator, self.max_len = args, controls, coordinator, max_len
         self.stats = Stats(args.data_parallel_size, args.speculative_config)
+        self.fail_every = (0, itertools.count(1))  # K3SIM_FAIL_EVERY and requests counted since it was set
         self.created = int(time.time())
         host = args.host if args.host not in (None, "") else "0.0.0.0"
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -1031,6 +1035,14 @@ class Handler(BaseHTTPRequestHandler):
             answer = Answer(self.server, body, chat=path == "/v1/chat/completions")
         except ApiError as err:
             self._json(err.status, err.body())
+            return
+        every = self.server.controls.integer("K3SIM_FAIL_EVERY", 0)
+        if every != self.server.fail_every[0]:
+            self.server.fail_every = (every, itertools.count(1))
+        if every > 0 and next(self.server.fail_every[1]) % every == 0:
+            # vLLM's EngineDeadError text (vllm/v1/engine/exceptions.py), answered as a 500
+            failed = ApiError(500, ENGINE_DEAD, "InternalServerError")
+            self._json(failed.status, failed.body())
             return
         stats = self.server.stats
         engine = self.server.coordinator.route()

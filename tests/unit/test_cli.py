@@ -161,6 +161,7 @@ def test_readme_reference_is_current():
 
 @pytest.mark.cli
 def test_rerun_names_the_stages_it_can_run():
-    out = k3deploy("rerun", "-c", "x.yaml", "bench")
+    out = k3deploy("rerun", "-c", "x.yaml", "accuracy")
     assert out.returncode == 2
-    assert "unknown stage 'bench'; stages: preflight, models, comm, image, launch, teardown" in out.stderr
+    stages = "preflight, models, comm, image, launch, smoke, bench, teardown"
+    assert f"unknown stage 'accuracy'; stages: {stages}" in out.stderr

@@ -15,12 +15,13 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from k3deploy.localprofile import checkpoint as ck
+from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 
 pytestmark = pytest.mark.models
 
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-TOOLS = [ck.TOOL_SCHEMA]
-USER = [{"role": "user", "content": ck.QUESTION}]
+TOOLS = [TOOL_SCHEMA]
+USER = [{"role": "user", "content": QUESTION}]
 USER_TURN = '<|open|>message role="user"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>'
 ASSISTANT = '<|open|>message role="assistant"<|sep|>'
 

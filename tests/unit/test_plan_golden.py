@@ -91,8 +91,15 @@ def test_speculative_config_matches_seed(repo, tokens):
 
 
 def test_bench_matches_seed(plan):
+    """The seed's command, plus the percentiles the run record keeps and a file name per workload."""
     env = {"NODE0_IP": SITE["<NODE0_IP>"], "TOKENIZER_PATH": MODEL_PATH}
-    assert seed.flags(plan.bench_argv) == seed.flags(shlex.split(seed.expand(BENCH_CMD, env)))
+    positional, rendered = seed.flags(plan.bench_argv)
+    seed_positional, expected = seed.flags(shlex.split(seed.expand(BENCH_CMD, env)))
+    assert positional == seed_positional and rendered - expected == seed.flags(
+        ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+         "--result-filename", "random-c4.json"]
+    )[1]  # fmt: skip
+    assert expected - rendered == seed.flags([])[1]
 
 
 def test_text_plan_pastes_back_to_the_same_commands(plan):

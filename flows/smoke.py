@@ -1,0 +1,46 @@
+"""The smoke stage: real requests against the running service, one row per check (seed section 6)."""
+
+from prefect import flow
+
+from k3deploy.blocks.source import ConfigSource, resolve_config
+from k3deploy.errors import SmokeStageFailed
+from k3deploy.stage import Finding, StageResult
+from k3deploy.tasks.smoke.steps import base_url, context, served_vision, smoke_checks
+from k3deploy.tasks.stage_run import StageRun
+
+
+@flow(name="smoke")
+def smoke(config: ConfigSource) -> StageResult:
+    """Chat, streaming, image + text, tool call, reasoning, prefix cache, every DP rank: each passes or says why not."""
+    cfg = resolve_config(config)
+    run = StageRun("smoke", SmokeStageFailed)
+    with run.guard():
+        ctx = context(cfg, served_vision(cfg))
+        rows = smoke_checks(cfg, ctx)
+    url = base_url(cfg)
+    run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail) for r in rows]
+    run.table(
+        "checks",
+        [
+            {
+                "check": r.check,
+                "verdict": r.verdict,
+                "seconds": r.seconds,
+                "detail": r.outcome.detail,
+                "request": r.outcome.request,
+                "response": r.outcome.response,
+            }
+            for r in rows
+        ],
+        f"smoke checks against {url}",
+    )
+    run.data = {
+        "base_url": url,
+        "checks": [{"check": r.check, "verdict": r.verdict, "seconds": r.seconds, "detail": r.outcome.detail,
+                    "request": r.outcome.request, "response": r.outcome.response, **r.outcome.data} for r in rows],
+    }  # fmt: skip
+    for r in rows:
+        if r.outcome.ok is None:
+            run.note(f"{r.check}: not applicable: {r.outcome.detail}")
+    counts = {verdict: sum(r.verdict == verdict for r in rows) for verdict in ("pass", "fail", "not-applicable")}
+    return run.passed(", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n))

@@ -1,0 +1,91 @@
+"""The bench stage's I/O: `vllm bench serve` on node 0 beside the server, its saved JSON kept in the run's folder.
+
+It runs where the server's vLLM is (inside node 0's container, or with the serving environment of
+the process runtime), so the tool's version and tokenizer are the server's. A run whose JSON is
+already in the run's folder is not run again: a sweep, or a Retry of the same run, resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+
+import httpx
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import NodeError
+from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
+from k3deploy.tasks.launch.runtime import serving_runtimes
+from k3deploy.tasks.render import Plan, bench_argv, bench_file
+from k3deploy.tasks.smoke.steps import base_url
+
+TAIL_LINES = 30
+
+
+def planned_runs(cfg: DeploymentConfig) -> list[tuple[str, int]]:
+    """(workload, concurrency) in order: the cold workload first, then prefix hits; each at every concurrency."""
+    workloads = ["random", *(["prefix_repetition"] if cfg.bench.prefix_hit else [])]
+    concurrencies = list(dict.fromkeys([cfg.bench.max_concurrency, *cfg.bench.concurrency_sweep]))
+    return [(w, c) for w in workloads for c in concurrencies]
+
+
+def saved_run(folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+    """A run already measured in this run's folder, or None (missing or unreadable: run it again)."""
+    path = folder / bench_file(workload, concurrency)
+    try:
+        run = parse_result(path.read_text(), workload, concurrency)
+    except (OSError, ValueError):
+        return None
+    spec = path.with_suffix(".spec.json")
+    return dataclasses.replace(run, speculative=json.loads(spec.read_text())) if spec.exists() else run
+
+
+def read_metrics(cfg: DeploymentConfig) -> str:
+    try:
+        return httpx.get(f"{base_url(cfg)}/metrics", timeout=cfg.smoke.request_timeout_s).text
+    except httpx.HTTPError:
+        return ""
+
+
+@task(name="vllm bench serve", cache_policy=NO_CACHE)
+def run_bench(cfg: DeploymentConfig, plan: Plan, workload: str, concurrency: int, folder: Path) -> BenchRun:
+    """One run on node 0; its output and saved JSON go to `folder`. NodeError when the tool fails."""
+    logger = get_run_logger()
+    node = plan.nodes[0]
+    argv = bench_argv(cfg, workload, concurrency)
+    where = shlex.quote(cfg.bench.result_dir)
+    name = bench_file(workload, concurrency)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def show(line: str) -> None:
+        lines.append(line)
+        if line.strip():
+            logger.info("%s c%d: %s", workload, concurrency, line.rstrip()[-200:])
+
+    before = read_metrics(cfg)
+    with serving_runtimes(cfg) as runtimes:
+        beside = runtimes[node.node]
+        done = beside.run_beside(node, f"mkdir -p {where} && {shlex.join(argv)}", cfg.bench.timeout_s, show)
+        (folder / name.replace(".json", ".log")).write_text("\n".join(lines) + "\n")
+        if done.exit_code != 0:
+            tail = "\n".join(lines[-TAIL_LINES:])
+            raise NodeError(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "
+                                       f"{done.exit_code}:\n{tail}")  # fmt: skip
+        saved = f"{where}/{shlex.quote(name)}"
+        text = beside.run_beside(node, f"cat {saved}", 120).check().stdout
+        beside.run_beside(node, f"rm -f {saved}; rmdir {where} 2>/dev/null || true", 120)  # kept here, not there
+    spec = acceptance(before, read_metrics(cfg))
+    try:
+        run = parse_result(text, workload, concurrency)
+    except ValueError as err:
+        raise NodeError(node.node, f"{cfg.bench.result_dir}/{name}: {err}") from None
+    if spec is not None:  # written first: the JSON's presence is what marks the run as measured
+        (folder / name).with_suffix(".spec.json").write_text(json.dumps(spec) + "\n")
+    (folder / name).write_text(text)
+    return dataclasses.replace(run, speculative=spec)

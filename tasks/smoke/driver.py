@@ -1,0 +1,87 @@
+"""The smoke checks' I/O: send each check's requests to node 0 over HTTP and feed the replies back.
+
+Every request has its own timeout: a dead DP rank leaves its share of requests hanging while
+`/health` stays 200 (DESIGN.md), so a wait without one would never end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+from k3deploy.tasks.smoke.checks import Burst, Call, Check, Context, Outcome, Reply
+
+
+@dataclass(frozen=True)
+class Row:
+    """One check's row in the smoke table."""
+
+    check: str
+    outcome: Outcome
+    seconds: float
+
+    @property
+    def verdict(self) -> str:
+        return {True: "pass", False: "fail", None: "not-applicable"}[self.outcome.ok]
+
+
+def send(http: httpx.Client, call: Call, timeout: float) -> Reply:
+    """One request; a stream is read to its end (its raw SSE text is the reply's text)."""
+    try:
+        if call.stream:
+            with http.stream(call.method, call.path, json=call.body, timeout=timeout) as response:
+                return Reply(response.status_code, "".join(response.iter_text()))
+        response = http.request(call.method, call.path, json=call.body, timeout=timeout)
+        return Reply(response.status_code, response.text)
+    except httpx.TimeoutException:
+        return Reply(0, error=f"no answer within {timeout:g} s")
+    except httpx.HTTPError as err:
+        return Reply(0, error=f"{type(err).__name__}: {err}")
+
+
+Step = Call | Burst
+Answer = Reply | list[Reply]
+
+
+def run_check(
+    http: httpx.Client,
+    check: Check,
+    ctx: Context,
+    timeout: float,
+    on_step: Callable[[Step, Answer], None] | None = None,
+) -> Row:
+    """Drive one check to its outcome; `on_step` sees every request and its reply (to record real replies)."""
+    started = time.monotonic()
+    steps = check.run(ctx)
+    try:
+        step = next(steps)
+        while True:
+            answer: Answer
+            if isinstance(step, Burst):
+                with ThreadPoolExecutor(max_workers=len(step.calls)) as pool:
+                    answer = list(pool.map(lambda c: send(http, c, timeout), step.calls))
+            else:
+                answer = send(http, step, timeout)
+            if on_step is not None:
+                on_step(step, answer)
+            step = steps.send(answer)
+    except StopIteration as done:
+        outcome = done.value
+    return Row(check.name, outcome, round(time.monotonic() - started, 3))
+
+
+def run_checks(
+    base_url: str, checks: tuple[Check, ...], ctx: Context, timeout: float, on_row: Callable[[Row], None]
+) -> list[Row]:
+    """Every check in turn, each row handed to `on_row` as it is done (progress for long checks)."""
+    limits = httpx.Limits(max_connections=ctx.burst + 4, max_keepalive_connections=ctx.burst + 4)
+    rows = []
+    with httpx.Client(base_url=base_url, limits=limits) as http:
+        for check in checks:
+            rows.append(run_check(http, check, ctx, timeout))
+            on_row(rows[-1])
+    return rows

@@ -1,0 +1,71 @@
+"""The smoke stage's units of work: what the checks need to know, and the checks run against node 0."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from prefect import task
+from prefect.logging import get_run_logger
+
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import NodeError, TransportError
+from k3deploy.tasks.smoke.checks import CHECKS, Context
+from k3deploy.tasks.smoke.driver import Row, run_checks
+from k3deploy.tasks.transport.factory import open_transports
+
+
+def base_url(cfg: DeploymentConfig) -> str:
+    return f"http://{cfg.cluster.nodes[0].serving_ip}:{cfg.serve.service_port}"
+
+
+def engines(cfg: DeploymentConfig) -> dict[str, str]:
+    """DP rank (vLLM's `engine` label) → the node that runs it."""
+    local = cfg.serve.data_parallel_size_local
+    return {str(i * local + k): node.name for i, node in enumerate(cfg.cluster.nodes) for k in range(local)}
+
+
+def declares_vision(config_json: str) -> bool:
+    """A checkpoint takes images when its config.json has a vision_config (Kimi-K3's does)."""
+    data = json.loads(config_json)
+    return isinstance(data, dict) and bool(data.get("vision_config"))
+
+
+@task(name="does the served model take images")
+def served_vision(cfg: DeploymentConfig) -> bool:
+    if cfg.smoke.vision != "auto":
+        return cfg.smoke.vision == "yes"
+    node = cfg.cluster.nodes[0].name
+    path = f"{cfg.models.target.path}/config.json"
+    with open_transports(cfg.cluster) as transports:
+        try:
+            text = transports[node].run(f"cat {shlex.quote(path)}", timeout=30).check().stdout
+        except TransportError as err:
+            raise NodeError(node, f"cannot read {path}: {err}") from None
+    try:
+        return declares_vision(text)
+    except ValueError:
+        raise NodeError(node, f"{path} is not JSON") from None
+
+
+def context(cfg: DeploymentConfig, vision: bool) -> Context:
+    ranks = engines(cfg)
+    return Context(
+        model=cfg.serve.served_model_name,
+        vision=vision,
+        prefix_caching=cfg.serve.enable_prefix_caching,
+        engines=ranks,
+        burst=cfg.smoke.burst_requests or 4 * len(ranks),
+        max_tokens=cfg.smoke.max_tokens,
+        reasoning_max_tokens=cfg.smoke.reasoning_max_tokens,
+    )
+
+
+@task(name="smoke checks")
+def smoke_checks(cfg: DeploymentConfig, ctx: Context) -> list[Row]:
+    logger = get_run_logger()
+
+    def show(row: Row) -> None:
+        logger.info("%s: %s (%.1f s): %s", row.check, row.verdict, row.seconds, row.outcome.detail)
+
+    return run_checks(base_url(cfg), CHECKS, ctx, cfg.smoke.request_timeout_s, show)

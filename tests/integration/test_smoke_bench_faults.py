@@ -1,0 +1,104 @@
+"""Smoke and bench against the test bed's vLLM stand-in told to fail: the verdicts fail, with counts and names.
+
+The stand-in (testbed/standin/vllm_standin.py) serves node 0 and one headless rank as processes on this
+machine (the process runtime). `vllm bench serve` is the REAL one, from the local profile's vLLM
+environment, so the failed count is the real tool's: the environment given to the pipeline is a folder
+whose `vllm` runs the stand-in for `serve` and the real vLLM for everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.errors import BenchStageFailed, SmokeStageFailed
+from k3deploy.flows.bench import bench
+from k3deploy.flows.launch import launch
+from k3deploy.flows.smoke import smoke
+from k3deploy.flows.teardown import teardown
+from k3deploy.localprofile.checkpoint import write_checkpoint
+from tests.bedconfig import write_config
+from tests.ports import port_free
+
+ROOT = Path(__file__).parents[2]
+PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
+REAL_VLLM = Path(os.environ.get("K3DEPLOY_VLLM_ENV", PROFILE["image"]["environment"]["path"])) / "bin" / "vllm"
+STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
+
+pytestmark = [pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The local profile with the stand-in as its server; (config path, the stand-in's control file)."""
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    script = env / "bin" / "vllm"
+    script.write_text(
+        "#!/bin/sh\n# serve: the test bed's stand-in; anything else (bench): the real vLLM\n"
+        f'if [ "$1" = serve ]; then exec python3 {shlex.quote(str(STANDIN))} "$@"; fi\n'
+        f'exec {shlex.quote(str(REAL_VLLM))} "$@"\n'
+    )
+    script.chmod(0o755)
+    data = json.loads(json.dumps(PROFILE))
+    data["cluster"]["model_root"] = str(tmp_path / "models")
+    write_checkpoint(tmp_path / "models" / "tiny-kimi-k3")  # the tokenizer the real bench loads
+    del data["models"]["local_hub"]
+    data["image"]["environment"]["path"] = str(env)
+    control = tmp_path / "control.json"
+    data["serve"] |= {
+        "service_port": 18300,
+        "rpc_port": 13645,
+        "process": {"state_dir": str(tmp_path / "serving")},
+        "readiness": {"timeout_s": 120, "poll_s": 0.5, "request_timeout_s": 10},
+    }
+    data["serve"]["env"] |= {"K3SIM_CONTROL_FILE": str(control), "K3SIM_STARTUP_S": "0.5"}
+    data["smoke"] = {"request_timeout_s": 5, "burst_requests": 4}
+    data["bench"] |= {"prefix_hit": False}
+    config = write_config(tmp_path / "standin.yaml", data)
+    yield config, control
+    teardown(config=config)
+    assert not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)
+
+
+def findings(failed: pytest.ExceptionInfo[Any]) -> dict[str, str]:
+    return {f"{f.subject} {f.check}": f.detail for f in failed.value.result.findings if not f.ok}
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not os.access(REAL_VLLM, os.X_OK) and not os.environ.get("CI"), reason=f"no CPU vLLM environment at {REAL_VLLM}"
+)
+def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requests(prefect_server, deployment):
+    config, control = deployment
+    launch(config=config)
+    control.write_text(json.dumps({"K3SIM_FAIL_EVERY": "5"}))  # from now on every 5th request is a 500
+    with pytest.raises(BenchStageFailed, match="1 check\\(s\\) failed") as failed:
+        bench(config=config)
+    assert findings(failed) == {"random c2 every request served": "16/20 completed, 4 failed"}
+    run = failed.value.result.data["runs"][0]
+    assert (run["completed"], run["failed"], run["failed_reported"]) == (16, 4, True)  # vLLM 0.32 reports it
+    assert Path(failed.value.result.data["folder"], "random-c2.json").exists()  # the tool's own JSON, kept
+    assert not Path("benchmark-results").exists()  # and not left on the node (here: bench's working folder)
+
+
+@pytest.mark.smoke
+def test_smoke_fails_naming_the_node_when_a_rank_dies_after_launch(prefect_server, deployment, tmp_path):
+    config, _control = deployment
+    launch(config=config)
+    pid = int((tmp_path / "serving" / "vllm-kimi-k3-local1" / "pid").read_text())
+    os.killpg(pid, signal.SIGKILL)  # the headless rank: node 0 says nothing and /health stays 200
+    with pytest.raises(SmokeStageFailed) as failed:
+        smoke(config=config)
+    rank = findings(failed)["http://127.0.0.1:18300 every DP rank"]
+    assert "requests failed (no answer within 5 s)" in rank and "finished no request: engine 1 (local1)" in rank
+    assert "engine 0 (local0)" not in rank.split("finished no request:")[1]
