@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
+    "AccuracyConfig": "accuracy",
     "BenchConfig": "bench",
     "CheckpointSpec": "models",
     "ClusterConfig": "cluster",

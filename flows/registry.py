@@ -57,6 +57,12 @@ STAGES: tuple[Stage, ...] = (
         "vllm bench serve: every request served, figures vs baselines",
         ("launch",),
     ),
+    Stage(
+        "accuracy",
+        "k3deploy.flows.accuracy:accuracy",
+        "lm_eval and AISBench scores with their samples accounted for",
+        ("launch",),
+    ),
     Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", (), False, ("run_id",)),
 )
 # `validate` always ends with teardown (unless keep_serving) and then writes the run record.

@@ -83,7 +83,7 @@ def validate(
     fresh: Annotated[bool, Field(description="Run cached checks (comm) again even when a pass is recent.")] = False,
     download: Annotated[bool, Field(description="Download missing or bad checkpoint files (else fail).")] = True,
 ) -> dict[str, Any]:
-    """preflight → … → launch → smoke → bench → teardown, then the run record; fails naming the stage."""
+    """preflight → … → launch → smoke → bench → accuracy → teardown, then the run record; fails naming the stage."""
     cfg = resolve_config(config)
     logger = get_run_logger()
     run_id = str(runtime.flow_run.id)

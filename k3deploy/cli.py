@@ -128,7 +128,7 @@ def run(
     no_download: Annotated[bool, typer.Option("--no-download", help="Fail instead of downloading.")] = False,
     runs_dir: RunsDir = None,
 ) -> None:
-    """Run the whole pipeline (validate): preflight → models → comm → image → launch → smoke → bench → teardown."""
+    """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
     from k3deploy.flows.registry import select
 
     try:

@@ -114,6 +114,10 @@ class BenchStageFailed(StageFailed):
     """A benchmark request failed, the tool failed, or a metric missed its baseline."""
 
 
+class AccuracyStageFailed(StageFailed):
+    """An evaluator failed, lost samples, or its score is off its baseline."""
+
+
 class TeardownFailed(StageFailed):
     """A node's containers could not all be removed, or the node could not be reached."""
 

@@ -77,6 +77,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "launch": "pass",
         "smoke": "pass",
         "bench": "pass",
+        "accuracy": "not-applicable",  # no evaluator in the profile (test_local_accuracy.py runs both)
         "teardown": "skipped",  # keep_serving
     }
     assert document["checkpoints"][0]["repo"] == "k3deploy/tiny-kimi-k3"

@@ -161,7 +161,7 @@ def test_readme_reference_is_current():
 
 @pytest.mark.cli
 def test_rerun_names_the_stages_it_can_run():
-    out = k3deploy("rerun", "-c", "x.yaml", "accuracy")
+    out = k3deploy("rerun", "-c", "x.yaml", "report")
     assert out.returncode == 2
-    stages = "preflight, models, comm, image, launch, smoke, bench, teardown"
-    assert f"unknown stage 'accuracy'; stages: {stages}" in out.stderr
+    stages = "preflight, models, comm, image, launch, smoke, bench, accuracy, teardown"
+    assert f"unknown stage 'report'; stages: {stages}" in out.stderr

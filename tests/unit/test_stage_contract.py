@@ -26,21 +26,21 @@ def names(stages) -> list[str]:
 
 
 def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
-    assert names(STAGES) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "teardown"]
-    assert names(select()) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench"]
+    assert names(STAGES) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy", "teardown"]
+    assert names(select()) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy"]
     assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image"]  # preflight, launch always run
 
 
 def test_only_and_from_still_start_with_preflight():
     assert names(select(only=["image"])) == ["preflight", "image"]
     assert names(select(only=["launch", "models"])) == ["preflight", "models", "launch"]
-    assert names(select(start="image")) == ["preflight", "image", "launch", "smoke", "bench"]
-    with pytest.raises(ValueError, match="unknown stage 'accuracy'"):
-        select(only=["accuracy"])
+    assert names(select(start="image")) == ["preflight", "image", "launch", "smoke", "bench", "accuracy"]
+    with pytest.raises(ValueError, match="unknown stage 'report'"):
+        select(only=["report"])
     with pytest.raises(ValueError, match="either only or from"):
         select(only=["image"], start="comm")
     with pytest.raises(ValueError, match="stages: preflight, models"):
-        stage("accuracy")
+        stage("report")
 
 
 def test_one_majority_rule_none_on_a_tie():
