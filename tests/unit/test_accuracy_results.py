@@ -103,3 +103,19 @@ def test_commands_are_quoted_and_offline():
     config = commands.ais_model_config(ais, "kimi-k3", "10.0.0.1", 8000)
     assert "host_ip='10.0.0.1'" in config and "host_port=8000" in config and "model='kimi-k3'" in config
     compile(config, "k3deploy_vllm_chat.py", "exec")  # a Python file AISBench can load
+
+
+def test_ais_bench_losing_samples_to_its_own_crash_is_counted_as_missing():
+    """Real: batch_size 2 on a busy machine, AISBench's status queue overflowed (queue.Full, in infer-log-tail.txt),
+    its worker died after 2 requests, and it exited 0 with a score: only the count shows that 8 are missing."""
+    crashed = AIS / "queue-full"
+    assert "queue.Full" in (crashed / "infer-log-tail.txt").read_text()
+    (score,) = ais_scores(
+        (crashed / "summary.csv").read_text(),
+        {"k3_arith": (crashed / "predictions_k3_arith.jsonl").read_text()},
+        {},
+        {"k3_arith": 10},
+        "3.1.20260630",
+        "",
+    )
+    assert (score.completed, score.failed, score.missing) == (2, 0, 8) and not score.samples_ok
