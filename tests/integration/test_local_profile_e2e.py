@@ -156,3 +156,24 @@ def test_a_headless_rank_killed_while_requests_are_in_flight_fails_launch_naming
     stages, _ = verdicts(state.state_details.flow_run_id)
     assert stages["launch"] == "fail" and stages["teardown"] == "pass"
     nothing_left(config)
+
+
+def test_the_random_weight_checkpoint_fails_tool_call_and_reasoning_with_a_reason(prefect_server, tmp_path):
+    """Same shape, random weights: requests are answered, but no tool call parses and thinking never ends."""
+    data = yaml.safe_load(PROFILE.read_text())
+    data["models"]["target"]["repo"] = "k3deploy/tiny-kimi-k3-random"
+    config = write_config(tmp_path / "random.yaml", data)
+    state = validate(config=config, only=["models", "launch", "smoke"], return_state=True)
+    with pytest.raises(ValidateFailed, match="validate failed at smoke: 2 check"):
+        state.result()
+    stages, document = verdicts(state.state_details.flow_run_id)
+    assert stages["smoke"] == "fail" and stages["teardown"] == "pass"
+    smoke = next(s for s in document["stages"] if s["stage"] == "smoke")
+    checks = {c["check"]: (c["verdict"], c["detail"]) for c in smoke["data"]["checks"]}
+    assert checks["chat"][0] == "pass" and checks["streaming"][0] == "pass" and checks["every DP rank"][0] == "pass"
+    assert checks["tool call"][0] == "fail" and checks["tool call"][1].startswith("no tool_calls entry")
+    assert checks["reasoning"] == (
+        "fail",
+        "reasoning did not end within 1024 tokens: nothing after the reasoning (finish_reason length)",
+    )
+    nothing_left(config)
