@@ -2,7 +2,8 @@
 
 Runs `k3deploy run -c configs/local.yaml` as a user does (a fresh process each time), reads each
 run's record, and splits the wall time into what is not ours (installing vLLM's environment,
-downloading the checkpoint, vLLM's start-up until ready, the readiness requests) and the rest:
+downloading the checkpoint, vLLM's start-up until ready, the readiness and smoke requests, the
+`vllm bench serve` runs) and the rest:
 the pipeline's own overhead (Prefect, SSH/local exec, checks, records). `--fresh` first removes
 the environment, the checkpoint and the hub's store, so the first run pays for all of them.
 
@@ -57,6 +58,10 @@ def split(wall: float, record: RunRecord, made_environment: bool) -> dict[str, A
         "checkpoint download (models stage)": stages["models"].seconds if fetched else 0.0,
         "vLLM start-up until ready": ready,
         "readiness requests": requests,
+        "smoke requests": sum(c["seconds"] for c in stages["smoke"].data.get("checks", [])) if "smoke" in stages else 0,
+        "vllm bench serve runs": sum(r.get("tool_seconds") or 0 for r in stages["bench"].data.get("runs", []))
+        if "bench" in stages
+        else 0,
     }
     return {
         "wall_s": round(wall, 1),

@@ -34,6 +34,7 @@ class BenchRun:
     failed_reported: bool  # the JSON has `failed` (vLLM ≥ 0.12); else it is num_prompts − completed
     figures: dict[str, float] = field(default_factory=dict)
     speculative: dict[str, Any] | None = None  # draft acceptance over the run (with a DSpark draft)
+    tool_seconds: float | None = None  # wall time of `vllm bench serve` itself, start-up included
 
     @property
     def ok(self) -> bool:

@@ -88,4 +88,4 @@ def run_bench(cfg: DeploymentConfig, plan: Plan, workload: str, concurrency: int
     if spec is not None:  # written first: the JSON's presence is what marks the run as measured
         (folder / name).with_suffix(".spec.json").write_text(json.dumps(spec) + "\n")
     (folder / name).write_text(text)
-    return dataclasses.replace(run, speculative=spec)
+    return dataclasses.replace(run, speculative=spec, tool_seconds=round(done.duration_s, 3))
