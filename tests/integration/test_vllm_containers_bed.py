@@ -1,5 +1,6 @@
 """The container runtime with the REAL CPU vLLM: two bed hosts' Podman engines through the Docker API, DP 2
-across their network namespaces, the scripted checkpoint answering a chat through node 0's address.
+across their network namespaces, the scripted checkpoint answering a chat through node 0's address; smoke
+passes against it and bench runs the real `vllm bench serve` inside node 0's container.
 
 The image is the bed's runner (testbed/standin/runner.py): the stand-in's root filesystem with the
 host libraries vLLM needs; the local profile's vLLM environment is bind-mounted read-only at its
@@ -21,7 +22,9 @@ import httpx
 import pytest
 import yaml
 
+from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
+from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
 from k3deploy.localprofile.checkpoint import write_checkpoint
 from k3deploy.tasks.launch.containers import RUN_LABEL
@@ -75,6 +78,7 @@ def config(bed, image: str, tmp_path: Path) -> str:
     data["models"]["target"] = {"repo": f"k3deploy/{CHECKPOINT}", "revision": "main"}
     data["image"] = {"ref": image.split("@")[0] + ":1", "digest": image.split("@")[1]}
     data["serve"]["container"] = {"devices": [], "mounts": [f"{VLLM_ENV}:{VLLM_ENV}:ro"]}
+    data["bench"] = PROFILE["bench"]  # 20 short prompts, not the seed's 100 × 1024 tokens
     return write_config(tmp_path / "deploy.yaml", data)
 
 
@@ -130,6 +134,17 @@ def test_real_vllm_in_containers_on_two_bed_hosts_serves_dp2_across_their_namesp
         call = message["tool_calls"][0]["function"]
         assert call["name"] == TOOL_SCHEMA["function"]["name"] and json.loads(call["arguments"]) == {"city": "Paris"}
         assert message.get("reasoning") or message.get("reasoning_content")
+
+        # smoke from here, and the real `vllm bench serve` inside node 0's container (docker exec), pass too
+        checks = {c["check"]: c["verdict"] for c in smoke(config=deploy).data["checks"]}
+        assert checks["tool call"] == checks["reasoning"] == checks["every DP rank"] == "pass"
+        runs = bench(config=deploy).data["runs"]
+        assert [(r["workload"], r["completed"], r["failed"]) for r in runs] == [
+            ("random", 20, 0),
+            ("prefix_repetition", 20, 0),
+        ]
+        leftover = clients["node0"].containers.get(NAME).exec_run(["ls", "benchmark-results"])
+        assert leftover.exit_code != 0  # the saved JSON was taken into the run's folder, not left in the container
     finally:
         removed = teardown(config=deploy).data["removed"]
     assert removed == {n: [NAME] for n in NODES}
