@@ -155,6 +155,18 @@ def _image(cfg: DeploymentConfig) -> list[Problem]:
     return []
 
 
+def _accuracy(cfg: DeploymentConfig) -> list[Problem]:
+    """A chosen evaluator needs something to evaluate (whether the path exists is checked where it runs)."""
+    chosen, problems = cfg.accuracy.evaluators, []
+    if "lm_eval" in chosen and not cfg.accuracy.lm_eval.tasks:
+        problems.append(("accuracy.lm_eval.tasks", "lm_eval is chosen but no task is named"))
+    if "ais_bench" in chosen and cfg.accuracy.ais_bench.dataset_path is None:
+        problems.append(("accuracy.ais_bench.dataset_path", "ais_bench is chosen but no dataset file is named"))
+    if len(set(chosen)) != len(chosen):
+        problems.append(("accuracy.evaluators", f"{chosen}: an evaluator is named twice"))
+    return problems
+
+
 def config_problems(cfg: DeploymentConfig) -> list[Problem]:
     """All cross-field problems, so a person can fix them in one go."""
     return [
@@ -166,4 +178,5 @@ def config_problems(cfg: DeploymentConfig) -> list[Problem]:
         *_draft(cfg),
         *_env(cfg),
         *_image(cfg),
+        *_accuracy(cfg),
     ]

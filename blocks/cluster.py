@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from k3deploy.blocks._types import AbsPath, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, HostAddress, InterfaceName, IPAddress, Name, StrictBlock, Text
 
 
 class NodeSpec(BaseModel):
@@ -14,13 +14,13 @@ class NodeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text = Field(description="Short name used in logs, tables and container labels, e.g. node0.")
-    address: Text = Field(description="Address k3deploy reaches the node at over SSH.")
-    local_ip: Text | None = Field(
+    name: Name = Field(description="Short name used in logs, tables and container labels, e.g. node0.")
+    address: HostAddress = Field(description="IP address or host name k3deploy reaches the node at over SSH.")
+    local_ip: IPAddress | None = Field(
         default=None,
         description="The node's IP on the serving network (LOCAL_IP, HCCL_IF_IP); defaults to address.",
     )
-    nic: Text = Field(description="Network interface that owns local_ip (NIC_NAME, *_SOCKET_IFNAME).")
+    nic: InterfaceName = Field(description="Network interface that owns local_ip (NIC_NAME, *_SOCKET_IFNAME).")
 
     @property
     def serving_ip(self) -> str:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from k3deploy.blocks._types import AbsPath, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, ImageRef, StrictBlock, Text
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -75,7 +75,7 @@ class ImageConfig(StrictBlock):
 
     _block_type_name = "k3deploy image"
 
-    ref: Text = Field(default="quay.io/ascend/vllm-ascend:nightly-main-a3", description="Image repository and tag.")
+    ref: ImageRef = Field(default="quay.io/ascend/vllm-ascend:nightly-main-a3", description="Image repository and tag.")
     digest: Text | None = Field(default=None, description="sha256:… digest the ref is pinned to (seed 4.1: pin it).")
     allow_unpinned: bool = Field(default=False, description="Allow pulling a tag without a digest (not reproducible).")
     build: ImageBuild | None = Field(default=None, description="Build from source instead of pulling; None pulls ref.")

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
-from typing import Annotated, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from k3deploy.blocks._types import AbsPath, Arg, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, Arg, RepoId, StrictBlock, Text
 
 DraftKind = Literal["gqa", "mla", "mla-block5"]
 GeneratedKind = Literal["scripted", "random"]
 # The local hub's rule for a repo id (k3deploy.localhub.store.repo_dir): org/name, nothing that leaves its root.
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # Seed section 3.1: the published drafts, their architecture and speculative-token count.
 KNOWN_DRAFTS: dict[str, DraftKind] = {
@@ -31,7 +29,7 @@ class CheckpointSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    repo: Text = Field(description="Hub repository id, org/name.")
+    repo: RepoId = Field(description="Hub repository id, org/name.")
     revision: Text | None = Field(
         default=None, description="Branch, tag or commit; None means the hub's default branch."
     )
@@ -57,15 +55,6 @@ class DraftSpec(CheckpointSpec):
     max_model_len: int = Field(default=4096, ge=1, description="Draft max_model_len; not above the target's.")
     draft_sample_method: Text = Field(default="greedy", description="speculative_config.draft_sample_method")
     enforce_eager: bool = Field(default=True, description="speculative_config.enforce_eager")
-
-
-def _repo_id(value: str) -> str:
-    if not _REPO_ID.fullmatch(value):
-        raise ValueError(f"{value!r} is not a repo id: org/name, each of letters, digits, '.', '_', '-'")
-    return value
-
-
-RepoId = Annotated[str, AfterValidator(_repo_id)]
 
 
 class LocalHubConfig(BaseModel):

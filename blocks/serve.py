@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from k3deploy.blocks._types import AbsPath, Arg, EnvName, StrictBlock, Text
+from k3deploy.blocks._types import AbsPath, Arg, DeviceSpec, EnvName, MountSpec, Name, StrictBlock, Text
 
 SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
     "/dev/davinci_manager",
@@ -58,13 +58,13 @@ class ContainerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text = Field(default="vllm-kimi-k3", description="Container name, the same on every node.")
-    network: Text = Field(default="host", description="Network mode; vLLM DP needs host networking.")
+    name: Name = Field(default="vllm-kimi-k3", description="Container name, the same on every node.")
+    network: Name = Field(default="host", description="Network mode; vLLM DP needs host networking.")
     shm_size: Text = Field(default="1g", description="--shm-size")
-    devices: list[Text] = Field(
+    devices: list[DeviceSpec] = Field(
         default_factory=lambda: list(SEED_DEVICES), description="Host devices passed in (--device)."
     )
-    mounts: list[Text] = Field(
+    mounts: list[MountSpec] = Field(
         default_factory=lambda: list(SEED_MOUNTS),
         description="Bind mounts host:container[:mode] besides the model root (-v).",
     )

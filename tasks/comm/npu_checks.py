@@ -145,7 +145,8 @@ def parse_net_health(node: str, npu: int, text: str, rc: int | None = 0) -> list
 
 
 def parse_netdetect(node: str, npu: int, text: str, rc: int | None = 0) -> list[Finding]:
-    return _expect(node, npu, "netdetect", text, rc, r"^netdetect address:\s*(\S+)", lambda m: _is_ipv4(m[1]))
+    # Both forms are real: the driver source prints `netdetect addr:`, older releases and guides `netdetect address:`
+    return _expect(node, npu, "netdetect", text, rc, r"^netdetect addr(?:ess)?:\s*(\S+)", lambda m: _is_ipv4(m[1]))
 
 
 def parse_gateway(node: str, npu: int, text: str, rc: int | None = 0) -> list[Finding]:

@@ -33,8 +33,8 @@ ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 Kind = Literal["milestone", "fatal"]
 _ENTRY_KEYS = {
-    "fatal": {"id", "pattern", "why", "capture", "example"},
-    "milestone": {"id", "pattern", "capture", "example"},
+    "fatal": {"id", "pattern", "why", "capture", "examples"},
+    "milestone": {"id", "pattern", "capture", "examples"},
 }
 
 
@@ -153,7 +153,7 @@ def _compile_entry(
     extra = set(entry) - _ENTRY_KEYS[kind]
     if extra:
         problems.append((where, f"unknown key(s) {sorted(extra)}; allowed: {sorted(_ENTRY_KEYS[kind])}"))
-    for key in ("why", "capture", "example"):
+    for key in ("why", "capture"):
         if key in entry and not (isinstance(entry[key], str) and entry[key]):
             problems.append((f"{where}.{key}", "must be a non-empty string"))
     if kind == "fatal" and "why" not in entry:
@@ -167,11 +167,18 @@ def _compile_entry(
     except re.error as exc:
         problems.append((f"{where}.pattern", f"invalid regex {source!r}: {exc}"))
         return None
-    capture, example = entry.get("capture"), entry.get("example")
+    capture, examples = entry.get("capture"), entry.get("examples")
     if isinstance(capture, str) and capture not in regex.groupindex:
         problems.append((f"{where}.capture", f"the pattern has no group (?P<{capture}>...)"))
-    if isinstance(example, str) and not regex.search(strip_ansi(example)):
-        problems.append((f"{where}.example", "does not match its own pattern"))
+    if examples is not None and not (isinstance(examples, list) and examples):
+        problems.append((f"{where}.examples", "must be a non-empty list of {line, source}"))
+    else:
+        for i, example in enumerate(examples or []):
+            line, origin = (example.get("line"), example.get("source")) if isinstance(example, dict) else (None, None)
+            if not (isinstance(line, str) and line and isinstance(origin, str) and origin):
+                problems.append((f"{where}.examples[{i}]", "must be {line, source}, both non-empty strings"))
+            elif not regex.search(strip_ansi(line)):
+                problems.append((f"{where}.examples[{i}]", "does not match its own pattern"))
     if len(problems) > before or not isinstance(ident, str):  # a non-string id was reported above
         return None
     return LinePattern(kind, ident, regex, capture, entry.get("why"))

@@ -11,7 +11,8 @@ NPUs = 8 boards x 2 dies). Sources, all public:
 * `npu-smi info -m` columns (NPU ID, Chip ID, Chip Logic ID, Chip Phy-ID, Chip Name,
   a "Mcu" row per board): vllm-ascend tests/ut for cpu_binding.
 * `hccn_tool` outputs (`link status: UP`, `net health status: Success`,
-  `netdetect address: X`, `default gateway:X, Iface:ethN`, `ipaddr:X` / `netmask:X`,
+  `netdetect addr: X` (driver source; older guides `netdetect address: X`),
+  `default gateway:X, Iface:ethN`, `ipaddr:X` / `netmask:X`,
   `dev_id:N, tls switch[0](0:disable, 1:enable), ...`, the `-ping` lines):
   the vllm-ascend "Verify Multi-Node Communication" guide and the MindIE
   multi-node deployment docs that show each command's sample output.
@@ -164,7 +165,7 @@ def hccn_net_health(faults: Faults, npu: int) -> str:
 
 
 def hccn_netdetect(n: Npu) -> str:
-    return f"netdetect address: {n.gateway}\n"
+    return f"netdetect addr: {n.gateway}\n"  # the driver source's form (docs/SOURCES.md); guides show "address:"
 
 
 def hccn_gateway(n: Npu) -> str:

@@ -119,3 +119,16 @@ def test_ais_bench_losing_samples_to_its_own_crash_is_counted_as_missing():
         "",
     )
     assert (score.completed, score.failed, score.missing) == (2, 0, 8) and not score.samples_ok
+
+
+def test_a_chosen_evaluator_without_its_dataset_is_refused_when_the_config_is_loaded():
+    from k3deploy.blocks.loader import parse_config
+    from k3deploy.errors import ConfigError
+    from tests.configs import site_data, with_changes
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(with_changes(site_data(), accuracy={"evaluators": ["lm_eval", "ais_bench", "lm_eval"]}))
+    text = "\n".join(refused.value.lines)
+    assert "accuracy.lm_eval.tasks: lm_eval is chosen but no task is named" in text
+    assert "accuracy.ais_bench.dataset_path: ais_bench is chosen but no dataset file is named" in text
+    assert "an evaluator is named twice" in text

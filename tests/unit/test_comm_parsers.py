@@ -169,3 +169,11 @@ def test_a_tool_call_that_never_finished_says_so():
     row = only(nc.parse_link("node0", 2, "", None))
     assert (row.verdict, row.detail) == ("fail", "did not finish: (no output)")
     assert only(nc.parse_npu_smi_info("node0", "", 124, 16)).detail == "npu-smi info timed out: (no output)"
+
+
+@pytest.mark.parametrize("name", ["hccn_tool-netdetect-addr.txt", "hccn_tool-netdetect-address.txt"])
+def test_netdetect_reads_both_published_forms(name):
+    """The driver source prints `netdetect addr:`, older releases and guides `netdetect address:` (README beside)."""
+    text = (DATA / "published" / name).read_text()
+    (finding,) = nc.parse_netdetect("node0", 3, text)
+    assert finding.ok and finding.detail.endswith("11.12.165.1")

@@ -92,8 +92,8 @@ def test_only_a_loopback_host_is_accepted(host, words):
         ({"root": "hub"}, "models.local_hub.root", "absolute path"),
         ({"root": "/srv/\nhub"}, "models.local_hub.root", "control character"),
         ({"generate": {"k3/tiny": "clever"}}, "models.local_hub.generate.k3/tiny", "'scripted' or 'random'"),
-        ({"generate": {"../escape": "random"}}, "models.local_hub.generate.../escape", "not a repo id"),
-        ({"generate": {"a/b/c": "random"}}, "models.local_hub.generate.a/b/c", "not a repo id"),
+        ({"generate": {"../escape": "random"}}, "models.local_hub.generate.../escape", "is not a hub repository id"),
+        ({"generate": {"a/b/c": "random"}}, "models.local_hub.generate.a/b/c", "is not a hub repository id"),
         ({"generat": {}}, "models.local_hub.generat", "unknown key"),
     ],
 )  # fmt: skip
