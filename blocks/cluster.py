@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from k3deploy.blocks._types import AbsPath, HostAddress, InterfaceName, IPAddress, Name, StrictBlock, Text
 
+CommPlane = Literal["roce", "hccs"]
+COMM_PLANES: tuple[CommPlane, ...] = ("roce", "hccs")
+
 
 class NodeSpec(BaseModel):
     """One host of the cluster; node 0 is the first in the list."""
@@ -69,6 +72,12 @@ class ClusterConfig(StrictBlock):
         description=(
             "Logical NPUs offered by each node; 0 declares no NPUs: the NPU checks of comm and preflight do not apply."
         ),
+    )
+    comm_planes: list[CommPlane] = Field(
+        default_factory=lambda: list(COMM_PLANES),
+        min_length=1,
+        description="The NPU networks comm checks: roce (hccn_tool link, IP, gateway, pings) and hccs (vNIC, "
+        "spod-info, hccs_ping; A3 boards). Super-pod sites that run HCCS only leave roce out.",
     )
     model_root: AbsPath = Field(
         description="Folder holding every checkpoint, mounted at the same path in each container."

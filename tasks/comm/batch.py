@@ -49,11 +49,23 @@ def _check(sections: Sequence[Section], token: str) -> None:
         raise ValueError("a section needs a command")
 
 
-def render_script(sections: Sequence[Section], token: str, *, parallel: int = 16, section_timeout: float = 30) -> str:
-    """The POSIX sh script that runs every section and prints them back between delimiters."""
+def render_script(
+    sections: Sequence[Section],
+    token: str,
+    *,
+    parallel: int = 16,
+    section_timeout: float = 30,
+    busy: Sequence[str] = (),
+    attempts: int = 1,
+) -> str:
+    """The POSIX sh script that runs every section and prints them back between delimiters.
+
+    A section whose output holds one of the `busy` texts (a tool refusing concurrent use) is run
+    again, up to `attempts` times in all, after a pause that grows with each try.
+    """
     _check(sections, token)
-    if parallel < 1 or section_timeout <= 0:
-        raise ValueError("parallel must be >= 1 and section_timeout > 0")
+    if parallel < 1 or section_timeout <= 0 or attempts < 1:
+        raise ValueError("parallel and attempts must be >= 1 and section_timeout > 0")
     programs: dict[str, str] = {}  # each distinct program once, as a variable: keeps the script short
     for s in sections:
         programs.setdefault(s.argv[0], f"p{len(programs)}")
@@ -63,7 +75,7 @@ def render_script(sections: Sequence[Section], token: str, *, parallel: int = 16
         'd=$(mktemp -d "${TMPDIR:-/tmp}/k3comm.XXXXXX") || { echo "k3comm: mktemp failed" >&2; exit 97; }',
         "trap 'rm -rf \"$d\"' EXIT",
         "trap 'exit 143' TERM INT HUP",
-        f'r() {{ n=$1; shift; timeout -k 2 {section_timeout:g} "$@" >"$d/$n" 2>&1; echo "$?" >"$d/$n.rc"; }}',
+        _runner(section_timeout, busy, attempts),
     ]
     for i, s in enumerate(sections):
         args = " ".join(shlex.quote(a) for a in s.argv[1:])
@@ -82,6 +94,24 @@ def render_script(sections: Sequence[Section], token: str, *, parallel: int = 16
     if len(script) > MAX_SCRIPT:
         raise ValueError(f"batch script of {len(script)} bytes exceeds {MAX_SCRIPT}; split the sections")
     return script
+
+
+def _runner(section_timeout: float, busy: Sequence[str], attempts: int) -> str:
+    """The shell function `r NAME PROGRAM ARGS…`: run one section into $d/NAME and its exit code into $d/NAME.rc.
+
+    A busy tool is asked again after a pause of about `try` seconds, spread at random (awk's rand, seeded
+    per section and try) so that sections refused together do not all come back at the same instant.
+    """
+    run = f'timeout -k 2 {section_timeout:g} "$@" >"$d/$n" 2>&1; c=$?'
+    if not busy or attempts == 1:
+        return f'r() {{ n=$1; shift; {run}; echo "$c" >"$d/$n.rc"; }}'
+    texts = " ".join(f"-e {shlex.quote(b)}" for b in busy)
+    pause = 'awk -v s="$$$n$a" -v a="$a" \'BEGIN { srand(s); printf "%.2f", a * (0.3 + rand()) }\''
+    return (
+        f"r() {{ n=$1; shift; a=1; while :; do {run}; "
+        f'if [ "$a" -lt {attempts} ] && grep -q -F {texts} "$d/$n"; then sleep "$({pause})"; a=$((a + 1)); '
+        f'else break; fi; done; echo "$c" >"$d/$n.rc"; }}'
+    )
 
 
 def parse_output(sections: Sequence[Section], output: str, token: str) -> dict[str, SectionOutput]:

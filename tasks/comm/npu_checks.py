@@ -26,6 +26,9 @@ class ToolPaths:
     version_info: str = "/usr/local/Ascend/driver/version.info"
 
 
+# hccn_tool refuses concurrent use (hicann/driver cmd.c: `hccn_tool is busy, please try again.` on stdout; hccs_ping:
+# `The device is occupied. Please try again later.` on stderr): a call that says so is made again (batch.render_script).
+BUSY = ("hccn_tool is busy, please try again.", "The device is occupied. Please try again later.")
 # hccn_tool `-i N -<query> -g` queries of phase 1, in the guide's order.
 HCCN_QUERIES = ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")
 

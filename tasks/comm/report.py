@@ -32,6 +32,11 @@ _ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}
 
 # The groups of checks that need NPUs (the driver versions are the NPU driver's), as a report names
 # them when they do not apply; every other check is a host check.
+# The checks of each NPU network plane (cluster.comm_planes): a site without one does not run them.
+PLANE_CHECKS: dict[str, tuple[str, ...]] = {
+    "roce": ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "hccn_conf", "ping"),
+    "hccs": ("vnic", "spod_info", "hccs_ping"),
+}
 NPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("npu-smi info", ("npu_smi",)),
     ("hccn_tool", ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")),

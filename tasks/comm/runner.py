@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
@@ -23,10 +23,21 @@ from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
-from k3deploy.tasks.comm.report import NPU_GROUPS, CommReport, Finding, NotApplicable, fail, first_line, sort_rows
+from k3deploy.tasks.comm.report import (
+    NPU_GROUPS,
+    PLANE_CHECKS,
+    CommReport,
+    Finding,
+    NotApplicable,
+    fail,
+    first_line,
+    sort_rows,
+)
 from k3deploy.tasks.transport import Transport, run_all
 
+ALL_PLANES = ("roce", "hccs")
 MAX_SECTIONS = 1000  # per script: keeps it well under the remote shell's 128 KiB argument limit
+BUSY_ATTEMPTS = 5  # a busy hccn_tool is asked again after 1, 2, 3, 4 s
 
 
 @dataclass
@@ -46,11 +57,16 @@ class NodeFacts:
 NO_NPUS = "cluster.npus_per_node is 0: no NPUs declared"
 
 
-def not_applicable(npus: int) -> tuple[NotApplicable, ...]:
-    """The check groups a node with `npus` NPUs cannot run: with none declared, every NPU group."""
-    if npus > 0:
-        return ()
-    return tuple(NotApplicable(group, checks, NO_NPUS, "no NPUs declared") for group, checks in NPU_GROUPS)
+def not_applicable(npus: int, planes: Sequence[str] = ALL_PLANES) -> tuple[NotApplicable, ...]:
+    """The check groups the configuration rules out: with no NPUs declared every NPU group, else the
+    checks of each network plane the site does not run (cluster.comm_planes)."""
+    if npus == 0:
+        return tuple(NotApplicable(group, checks, NO_NPUS, "no NPUs declared") for group, checks in NPU_GROUPS)
+    return tuple(
+        NotApplicable(f"{plane} plane", checks, f"cluster.comm_planes has no {plane}", f"no {plane} plane")
+        for plane, checks in PLANE_CHECKS.items()
+        if plane not in planes
+    )
 
 
 def section_check(key: str) -> str:
@@ -59,7 +75,9 @@ def section_check(key: str) -> str:
     return {"links": "nic", "addrs": "local_ip"}.get(check, check)
 
 
-def phase1_sections(npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | None = None) -> list[Section]:
+def phase1_sections(
+    npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | None = None, planes: Sequence[str] = ALL_PLANES
+) -> list[Section]:
     """Every local check of one node, `npu-smi info` first; `ports` (node 0 only) adds `ss -Hltn`.
 
     The groups `not_applicable(npus)` names are left out: with 0 NPUs, the NIC, LOCAL_IP and ports only.
@@ -77,7 +95,7 @@ def phase1_sections(npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | N
     ]
     if ports:
         sections.append(Section("ports", tuple(hc.listening_cmd())))
-    skipped = {check for group in not_applicable(npus) for check in group.checks}
+    skipped = {check for group in not_applicable(npus, planes) for check in group.checks}
     return [s for s in sections if section_check(s.key) not in skipped]
 
 
@@ -91,11 +109,15 @@ def _cut_short(node: str, key: str, ports: Mapping[str, int] | None) -> list[Fin
 
 
 def interpret_phase1(
-    node: NodeSpec, outputs: Mapping[str, SectionOutput], npus: int, ports: Mapping[str, int] | None = None
+    node: NodeSpec,
+    outputs: Mapping[str, SectionOutput],
+    npus: int,
+    ports: Mapping[str, int] | None = None,
+    planes: Sequence[str] = ALL_PLANES,
 ) -> NodeFacts:
     """Rows and values of one node from its parsed phase-1 sections (pure)."""
     name, facts = node.name, NodeFacts(node.name)
-    for section in phase1_sections(npus, nc.ToolPaths(), ports):
+    for section in phase1_sections(npus, nc.ToolPaths(), ports, planes):
         if section.key not in outputs:
             facts.rows += _cut_short(name, section.key, ports)
     if got := outputs.get("npu_smi"):
@@ -179,7 +201,9 @@ def _run_batches(
         token = secrets.token_hex(8)
         chunks = {name: secs[start : start + MAX_SECTIONS] for name, secs in plans.items() if name not in dead}
         scripts = {
-            name: render_script(chunk, token, parallel=parallel, section_timeout=section_timeout)
+            name: render_script(
+                chunk, token, parallel=parallel, section_timeout=section_timeout, busy=nc.BUSY, attempts=BUSY_ATTEMPTS
+            )
             for name, chunk in chunks.items()
             if chunk
         }
@@ -222,15 +246,16 @@ def run_comm_checks(
     if missing:
         raise ValueError(f"no transport for node(s): {', '.join(missing)}")
     npus = cluster.npus_per_node
-    inapplicable = not_applicable(npus)
-    pings = not any("ping" in group.checks for group in inapplicable)
+    planes = cluster.comm_planes
+    inapplicable = not_applicable(npus, planes)
+    skipped = {check for group in inapplicable for check in group.checks}
     node0_ports = {"service_port": serve.service_port, "rpc_port": serve.rpc_port}
     ports = {n.name: node0_ports if i == 0 else None for i, n in enumerate(cluster.nodes)}
 
     started = time.monotonic()
-    plans = {name: phase1_sections(npus, tools, ports[name]) for name in names}
+    plans = {name: phase1_sections(npus, tools, ports[name], planes) for name in names}
     outputs, rows = _run_batches(transports, plans, timeout, parallel, section_timeout)
-    facts = {n.name: interpret_phase1(n, outputs[n.name], npus, ports[n.name]) for n in cluster.nodes
+    facts = {n.name: interpret_phase1(n, outputs[n.name], npus, ports[n.name], planes) for n in cluster.nodes
              if n.name in outputs}  # fmt: skip
     rows += cross_node(facts)
     phase1 = time.monotonic() - started
@@ -238,8 +263,9 @@ def run_comm_checks(
     nic = {name: f.nic_ips for name, f in facts.items()}
     vnic = {name: f.vnic_ips for name, f in facts.items()}
     targets = {
-        name: ping_plan(name, nic) + (ping_plan(name, vnic, hccs=True) if hccs_ping else [])
-        for name in (facts if pings else ())
+        name: (ping_plan(name, nic) if "ping" not in skipped else [])
+        + (ping_plan(name, vnic, hccs=True) if hccs_ping and "hccs_ping" not in skipped else [])
+        for name in facts
     }
     plans2 = {name: phase2_sections(t, tools) for name, t in targets.items()}
     outputs2, rows2 = _run_batches(transports, plans2, timeout, parallel, section_timeout)

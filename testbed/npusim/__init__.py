@@ -20,8 +20,9 @@ Fault schema (every key optional; NPU ids are logical ids 0..15):
       "ping_loss":    ["node2", "10.213.64.12"] # peers (host name or NPU IP) unreachable
                       or {"node2": 0.34},       # ... or the share of packets lost
       "missing_npus": [15],                     # not listed by npu-smi; `-i 15` fails
-      "health":       {"3": "Critical"}         # npu-smi info Health column
-    }
+      "health":       {"3": "Critical"},        # npu-smi info Health column
+      "hccn_exclusive_s": 0.05                  # hccn_tool holds the device this long per call and answers a
+    }                                           # call meanwhile `hccn_tool is busy, please try again.` (rc 1)
 
 A ping to another host's NPU also fails when that host's faults mark the target
 NPU missing or its link down (peers' faults files are read through the bed map), and

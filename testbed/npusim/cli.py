@@ -206,7 +206,32 @@ def main(tool: str, argv: Sequence[str]) -> int:
     except (OSError, KeyError, ValueError) as exc:
         sys.stderr.write(f"{tool}: NPU simulator not set up on this host: {exc}\n")
         return 3
-    result = run_npu_smi(ctx, argv) if tool == "npu-smi" else run_hccn_tool(ctx, argv)
+    if tool == "npu-smi":
+        result = run_npu_smi(ctx, argv)
+    elif ctx.faults.hccn_exclusive_s > 0:
+        result = _exclusive(os.path.join(sim_dir, "hccn_tool.lock"), ctx.faults.hccn_exclusive_s, ctx, argv)
+    else:
+        result = run_hccn_tool(ctx, argv)
     sys.stdout.write(result.out)
     sys.stderr.write(result.err)
     return result.rc
+
+
+# hicann/driver cmd.c prints these when the device is in use (info level, stdout; hccs_ping: error level, stderr);
+# the exit code of a busy call is not published: 1 here.
+BUSY = "hccn_tool is busy, please try again.\n"
+HCCS_BUSY = "The device is occupied. Please try again later.\n"
+
+
+def _exclusive(lock_path: str, hold_s: float, ctx: Context, argv: Sequence[str]) -> Result:
+    """hccn_tool refusing concurrent use: a call while another holds the device is answered busy."""
+    import fcntl
+    import time
+
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Result(1, err=HCCS_BUSY) if "-hccs_ping" in argv else Result(1, out=BUSY)
+        time.sleep(hold_s)
+        return run_hccn_tool(ctx, argv)

@@ -32,7 +32,7 @@ NET_HEALTH_VALUES = (
     "Unreachable",
     "Detect ip set",
 )
-FAULT_KEYS = ("link_down", "net_health", "tls_switch", "ping_loss", "missing_npus", "health")
+FAULT_KEYS = ("link_down", "net_health", "tls_switch", "ping_loss", "missing_npus", "health", "hccn_exclusive_s")
 
 
 class Npu(namedtuple("Npu", "id ip vnic_ip gateway netmask", defaults=(NETMASK,))):
@@ -173,8 +173,8 @@ def _per_npu(value: Any, key: str, default: Any) -> dict[int, Any]:
     raise FaultError(f"{key}: expected a list or an object, got {value!r}")
 
 
-_FAULT_FIELDS = "link_down net_health tls_switch tls_default ping_loss missing_npus health"
-_NO_FAULTS = (frozenset(), {}, {}, 0, {}, frozenset(), {})  # the dicts are never mutated
+_FAULT_FIELDS = "link_down net_health tls_switch tls_default ping_loss missing_npus health hccn_exclusive_s"
+_NO_FAULTS = (frozenset(), {}, {}, 0, {}, frozenset(), {}, 0.0)  # the dicts are never mutated
 
 
 class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
@@ -188,6 +188,7 @@ class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
     ping_loss: dict[str, float]
     missing_npus: frozenset[int]
     health: dict[int, str]
+    hccn_exclusive_s: float  # > 0: hccn_tool refuses a call while another runs, each holding the device this long
 
     def tls_for(self, npu: int) -> int:
         return self.tls_switch.get(npu, self.tls_default)
@@ -236,7 +237,14 @@ class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
             ping_loss=_parse_loss(data.get("ping_loss", {})),
             missing_npus=_npu_ids(data.get("missing_npus", []), "missing_npus"),
             health={k: str(v) for k, v in _per_npu(data.get("health", {}), "health", "Critical").items()},
+            hccn_exclusive_s=_seconds(data.get("hccn_exclusive_s", 0.0), "hccn_exclusive_s"),
         )
+
+
+def _seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 60:
+        raise FaultError(f"{key}: expected seconds between 0 and 60, got {value!r}")
+    return float(value)
 
 
 def _parse_loss(value: Any) -> dict[str, float]:

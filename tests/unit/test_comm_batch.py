@@ -108,3 +108,28 @@ def test_an_oversized_script_is_refused_rather_than_cut():
     sections = [Section(f"s{i}", ("echo", "x" * 200)) for i in range(MAX_SCRIPT // 200)]
     with pytest.raises(ValueError, match="split the sections"):
         render_script(sections, "tok12345")
+
+
+def test_a_tool_refusing_concurrent_use_is_asked_again_until_every_section_answers(tmp_path):
+    """Real sh, real concurrency: a tool that, like hccn_tool, refuses a call while another runs (flock here)."""
+    from k3deploy.tasks.comm.npu_checks import BUSY
+
+    tool = tmp_path / "exclusive-tool"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f"exec 9>{tmp_path}/lock\n"
+        f'flock -n 9 || {{ echo "{BUSY[0]}"; echo busy >>{tmp_path}/refusals; exit 1; }}\n'
+        'sleep 0.1; echo "answer $1"\n'
+    )
+    tool.chmod(0o755)
+    sections = [Section(f"s{i}", (str(tool), str(i))) for i in range(12)]
+    script = render_script(sections, "tok12345", parallel=12, section_timeout=30, busy=BUSY, attempts=12)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=300)
+    got = parse_output(sections, done.stdout, "tok12345")
+    assert {k: (o.rc, o.text.strip()) for k, o in got.items()} == {f"s{i}": (0, f"answer {i}") for i in range(12)}
+    assert (tmp_path / "refusals").read_text().count("busy") >= 1  # they did collide, and were retried
+
+
+def test_without_busy_texts_a_refusal_is_the_answer():
+    script = render_script([Section("a", ("true",))], "tok12345")
+    assert "grep" not in script and "sleep" not in script

@@ -177,3 +177,38 @@ def test_netdetect_reads_both_published_forms(name):
     text = (DATA / "published" / name).read_text()
     (finding,) = nc.parse_netdetect("node0", 3, text)
     assert finding.ok and finding.detail.endswith("11.12.165.1")
+
+
+PUBLISHED = DATA / "published"  # real output from Huawei's guides and source, users' posts (README there)
+
+
+@pytest.mark.parametrize(
+    ("query", "name", "value"),
+    [
+        ("lldp", "hccn_tool-lldp.txt", "400GE1/1/5:1"),
+        ("link", "hccn_tool-link.txt", "UP"),
+        ("net_health", "hccn_tool-net_health.txt", "Success"),
+        ("gateway", "hccn_tool-gateway.txt", "11.12.165.1"),
+        ("ip", "hccn_tool-ip.txt", "29.1.112.213"),
+        ("tls", "hccn_tool-tls.txt", "tls switch[0]"),
+        ("vnic", "hccn_tool-vnic.txt", "192.168.2.199"),
+    ],
+)
+def test_every_hccn_tool_parser_passes_published_healthy_output(query, name, value):
+    (finding,) = nc.HCCN_PARSERS[query]("node0", 0, (PUBLISHED / name).read_text(), 0)
+    assert finding.ok and value in finding.detail, finding
+
+
+def test_a_published_roce_ping_and_spod_info_pass():
+    text = (PUBLISHED / "hccn_tool-ping.txt").read_text()
+    (ping,) = nc.parse_ping("node0", 0, text, 0, peer="node1", peer_npu=0, address="11.12.165.80")
+    assert ping.ok and "3 received, 0.00% packet loss" in ping.detail
+    (spod,) = nc.parse_spod_info("node0", 0, (PUBLISHED / "npu-smi-spod-info.txt").read_text(), 0)
+    assert spod.ok and spod.detail == "SDID 16777216, Super Pod ID 0"
+
+
+def test_the_published_hccn_conf_matches_the_published_ip():
+    from k3deploy.tasks.comm import host_checks as hc
+
+    rows = hc.parse_hccn_conf("node0", (PUBLISHED / "hccn.conf").read_text(), 0, 1, {0: "29.1.137.205"})
+    assert rows and all(r.ok for r in rows), rows

@@ -16,7 +16,7 @@ from k3deploy.errors import CommandTimeout, ConnectionFault
 from k3deploy.tasks.comm import runner
 from k3deploy.tasks.comm.batch import parse_output
 from k3deploy.tasks.comm.npu_checks import ToolPaths
-from k3deploy.tasks.comm.runner import cross_node, interpret_phase1, phase1_sections, run_comm_checks
+from k3deploy.tasks.comm.runner import cross_node, interpret_phase1, not_applicable, phase1_sections, run_comm_checks
 from k3deploy.tasks.transport import CommandResult
 from testbed import layout
 from testbed.npusim import formats
@@ -275,3 +275,12 @@ def test_without_npus_a_cut_short_batch_fails_only_host_rows():
     facts = interpret_phase1(node(0), {}, 0, PORTS)
     assert failed(facts.rows) == {("node0", None, c) for c in HOST_ONLY}
     assert facts.driver is None and facts.nic_ips == {}
+
+
+def test_planes_the_site_does_not_run_are_left_out_and_named():
+    roce_only = [s.key.partition(":")[0] for s in phase1_sections(2, ToolPaths(), None, ("roce",))]
+    assert "vnic" not in roce_only and "spod_info" not in roce_only and "ip" in roce_only
+    hccs_only = [s.key.partition(":")[0] for s in phase1_sections(2, ToolPaths(), None, ("hccs",))]
+    assert {"vnic", "spod_info", "npu_smi"} <= set(hccs_only) and not {"ip", "link", "hccn_conf"} & set(hccs_only)
+    assert [g.group for g in not_applicable(16, ("hccs",))] == ["roce plane"]
+    assert not_applicable(16) == () and {g.brief for g in not_applicable(0)} == {"no NPUs declared"}
