@@ -40,6 +40,7 @@ class RequestRecord:
     range: str | None
     status: int
     sent: int  # body bytes written
+    authorized: bool = False  # the request carried an Authorization header (a token)
 
 
 class Faults:

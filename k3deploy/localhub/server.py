@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from k3deploy.localhub import views
 from k3deploy.localhub.faults import Faults, RequestLog, RequestRecord
-from k3deploy.localhub.store import Commit, RepoNotFound, RevisionNotFound, read_refs, resolve
+from k3deploy.localhub.store import Commit, RepoNotFound, RevisionNotFound, last_changes, read_refs, resolve
 
 __all__ = ["HubServer", "main"]
 
@@ -80,9 +80,9 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], root: Path, page_size: int) -> None:
+    def __init__(self, address: tuple[str, int], root: Path, page_size: int, lfs_redirect: str | None = None) -> None:
         super().__init__(address, _Handler)
-        self.root, self.page_size = root, page_size
+        self.root, self.page_size, self.lfs_redirect = root, page_size, lfs_redirect
         self.faults, self.log = Faults(), RequestLog()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
@@ -147,7 +147,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _start(self, status: int, headers: dict[str, str], body: int) -> None:
         """Log, then send status and headers; logging first lets tests read the log race-free."""
-        self.server.log.add(RequestRecord(self._method, self.path, self.headers.get("Range"), status, body))
+        authorized = "Authorization" in self.headers
+        self.server.log.add(RequestRecord(self._method, self.path, self.headers.get("Range"), status, body, authorized))
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -242,7 +243,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, entries[offset : offset + size], headers)
 
     def hf_resolve(self, query: dict[str, str], org: str, name: str, rev: str, path: str) -> None:
-        self._send_file(f"{org}/{name}", resolve(self.server.root, f"{org}/{name}", rev), path)
+        repo_id = f"{org}/{name}"
+        commit = resolve(self.server.root, repo_id, rev)
+        entry = commit.files.get(path)
+        if self.server.lfs_redirect and entry is not None and entry.lfs:
+            # As huggingface.co does: an LFS file is served from another host, the metadata headers on the 302.
+            headers = views.file_headers(commit, entry, self._faults_of(repo_id))
+            self._start(
+                302, {**headers, "Location": f"{self.server.lfs_redirect}{self.path}", "Content-Length": "0"}, 0
+            )
+            return
+        self._send_file(repo_id, commit, path)
 
     # -- ModelScope views --------------------------------------------------------------------------------
     def ms_model(self, query: dict[str, str], org: str, name: str) -> None:
@@ -262,7 +273,8 @@ class _Handler(BaseHTTPRequestHandler):
         commit = resolve(self.server.root, repo_id, query.get("Revision") or "master")
         recursive = query.get("Recursive", "").lower() in _TRUE
         root = query.get("Root", "").strip("/")
-        self._json(200, views.ms_envelope(views.ms_files(commit, root, recursive, self._faults_of(repo_id))))
+        changed = last_changes(self.server.root, repo_id, commit)
+        self._json(200, views.ms_envelope(views.ms_files(commit, root, recursive, self._faults_of(repo_id), changed)))
 
     def ms_file(self, query: dict[str, str], org: str, name: str) -> None:
         repo_id = f"{org}/{name}"
@@ -314,11 +326,19 @@ class HubServer:
     """The hub on a background thread: ``with HubServer(root) as hub: hub.url``.
 
     Binds `host` (127.0.0.1 by default; a bridge address for a test bed) on `port` (0: ephemeral).
-    `page_size` is the HF tree page length (1000 on huggingface.co).
+    `page_size` is the HF tree page length (1000 on huggingface.co). `lfs_redirect`: a base URL (another
+    HubServer on the same root) that LFS files' resolve requests are redirected to, as huggingface.co does.
     """
 
-    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000) -> None:
-        self._server = _Server((host, port), Path(root), page_size)
+    def __init__(
+        self,
+        root: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        page_size: int = 1000,
+        lfs_redirect: str | None = None,
+    ) -> None:
+        self._server = _Server((host, port), Path(root), page_size, lfs_redirect)
         self._host = host
         self._thread: threading.Thread | None = None
 

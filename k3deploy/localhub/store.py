@@ -194,6 +194,20 @@ def resolve(root: Path, repo_id: str, revision: str) -> Commit:
     return _load_commit(folder)
 
 
+def last_changes(root: Path, repo_id: str, head: Commit) -> dict[str, Commit]:
+    """Each file of `head` -> the commit that last changed it (ModelScope gives that commit as the file's Revision)."""
+    chain = [head]
+    while chain[-1].parent is not None:
+        chain.append(resolve(root, repo_id, chain[-1].parent))
+    out = {}
+    for path, entry in head.files.items():
+        at = 0
+        while at + 1 < len(chain) and (older := chain[at + 1].files.get(path)) is not None and older.blob == entry.blob:
+            at += 1
+        out[path] = chain[at]
+    return out
+
+
 def set_ref(root: Path, repo_id: str, name: str, sha: str, *, tag: bool = False) -> None:
     """Point branch (or tag) `name` at an existing commit, e.g. to tag a release."""
     resolve(root, repo_id, sha)
@@ -203,7 +217,12 @@ def set_ref(root: Path, repo_id: str, name: str, sha: str, *, tag: bool = False)
 
 
 def publish(
-    root: str | Path, repo_id: str, files: dict[str, bytes | Path], revision: str = "main", message: str = ""
+    root: str | Path,
+    repo_id: str,
+    files: dict[str, bytes | Path],
+    revision: str = "main",
+    message: str = "",
+    created: float | None = None,
 ) -> str:
     """Write `files` (the complete file set) as a new commit on branch `revision`; return its sha.
 
@@ -238,7 +257,7 @@ def publish(
             "sha": sha,
             "parent": parent,
             "tree": dirs[""],
-            "created": time.time(),
+            "created": time.time() if created is None else created,
             "message": message,
             "files": [asdict(e) for e in entries.values()],
             "dirs": dirs,

@@ -7,7 +7,7 @@ file_download.get_hf_file_metadata) and `modelscope_hub` (_legacy_api, _download
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,8 +116,11 @@ def ms_error(message: str, code: int = 404) -> dict[str, Any]:
     return {"Code": code, "Data": None, "Message": message, "Success": False}
 
 
-def ms_files(commit: Commit, folder: str, recursive: bool, faults: FaultsOf) -> dict[str, Any]:
-    """GET /api/v1/models/{repo}/repo/files: `Files` with Path, Name, Type, Size, Sha256, IsLFS, Revision."""
+def ms_files(
+    commit: Commit, folder: str, recursive: bool, faults: FaultsOf, changed: Mapping[str, Commit]
+) -> dict[str, Any]:
+    """GET /api/v1/models/{repo}/repo/files: `Files` with Path, Name, Type, Size, Sha256, IsLFS, and, as the real
+    hub gives them, the commit that last changed each file (`Revision`, `CommittedDate`, `CommitMessage`)."""
     _check_folder(commit, folder)
     entries = [
         {
@@ -144,7 +147,9 @@ def ms_files(commit: Commit, folder: str, recursive: bool, faults: FaultsOf) -> 
             "IsLFS": e.lfs,
             "Id": e.blob,
             "Mode": "100644",
-            "Revision": commit.sha,
+            "Revision": changed[e.path].sha,
+            "CommittedDate": int(changed[e.path].created),
+            "CommitMessage": changed[e.path].message,
         }
         for e in commit.files.values()
         if _under(e.path, folder, recursive)

@@ -94,7 +94,25 @@ def list_modelscope(repo: str, revision: str | None, endpoint: str, token: Secre
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as err:
         raise HubError(f"modelscope {repo}@{params['Revision']}: cannot list files: {err}") from None
     files = tuple(f for f in (ms_file(i) for i in items) if f is not None)
-    commits = {i.get("Revision") for i in items if i.get("Revision")}
-    if len(commits) != 1:
-        raise HubError(f"modelscope {repo}@{params['Revision']}: listing names {len(commits)} commits, expected one")
-    return Listing(repo, commits.pop(), files)
+    try:
+        commit = ms_head_commit(items)
+    except ValueError as err:
+        raise HubError(f"modelscope {repo}@{params['Revision']}: {err}") from None
+    return Listing(repo, commit, files)
+
+
+def ms_head_commit(items: list[dict[str, Any]]) -> str:
+    """The commit the listing is of: each file's `Revision` is the commit that last changed it (ModelScope's SDK
+    reads it as "the commit id of the file", with that commit's date beside it), so it is the newest of them."""
+    dated = [
+        (int(i.get("CommittedDate") or 0), str(i["Revision"]))
+        for i in items
+        if i.get("Type") != "tree" and i.get("Revision")
+    ]
+    if not dated:
+        raise ValueError("the listing names no commit")
+    newest = max(date for date, _ in dated)
+    heads = {rev for date, rev in dated if date == newest}
+    if len(heads) != 1:
+        raise ValueError(f"the newest files name {len(heads)} commits of the same time: {', '.join(sorted(heads))}")
+    return heads.pop()

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -225,9 +226,23 @@ class FetchError(Exception):
     pass
 
 
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follow a hub's redirect (Hugging Face serves large files from another host) keeping Range, but never
+    send the hub token to another host."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_Redirects)
+
+
 def _open(url: str, headers: dict[str, str], start: int, timeout: float) -> Any:
     request = urllib.request.Request(url, headers={**headers, **({"Range": f"bytes={start}-"} if start else {})})
-    return urllib.request.urlopen(request, timeout=timeout)
+    return _OPENER.open(request, timeout=timeout)
 
 
 def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress) -> FileCheck:

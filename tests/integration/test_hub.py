@@ -356,6 +356,7 @@ def test_admin_endpoint_sets_lists_and_clears_faults(hub: HubServer, published: 
         "range": None,
         "status": 200,
         "sent": len(good),
+        "authorized": False,
     } in logged
 
 
@@ -390,3 +391,21 @@ def test_commit_and_tree_ids_are_git_ids(published: dict, tmp_path: Path) -> Non
     assert tree.stdout.strip() == commit.tree
     assert commit.parent == published["sha1"]
     assert publish(published["root"], REPO, published["v2"]) == published["sha2"]  # same files: no new commit
+
+
+def test_modelscope_listing_gives_each_file_the_commit_that_last_changed_it(tmp_path):
+    """As the real hub does (its SDK reads a file's `Revision` as that file's commit id, dated by
+    `CommittedDate`): a repo with history lists older commits for unchanged files, and the models stage
+    takes the newest as the repo's commit instead of refusing a listing that names several."""
+    from k3deploy.localhub import HubServer, publish
+    from k3deploy.tasks.models.listing import list_modelscope
+
+    with HubServer(tmp_path / "hub") as hub:
+        first = publish(hub.root, "k3test/history", {"a.json": b"{}", "b.bin": b"1"}, created=1_700_000_000)
+        second = publish(hub.root, "k3test/history", {"a.json": b"{}", "b.bin": b"2"}, created=1_700_000_100)
+        data = requests.get(f"{hub.url}/api/v1/models/k3test/history/repo/files",
+                            params={"Revision": "main", "Recursive": "True"}, timeout=30).json()  # fmt: skip
+        revisions = {f["Path"]: (f["Revision"], f["CommittedDate"]) for f in data["Data"]["Files"]}
+        assert revisions == {"a.json": (first, 1_700_000_000), "b.bin": (second, 1_700_000_100)}
+        listing = list_modelscope("k3test/history", "main", hub.url, None)
+        assert listing.commit == second and {f.path for f in listing.files} == {"a.json", "b.bin"}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from k3deploy.localhub import HubServer, publish
 from k3deploy.tasks.models.listing import download_urls, list_huggingface, list_modelscope
@@ -60,3 +61,29 @@ def test_corrupt_bytes_from_the_hub_never_land_in_place(hub, tmp_path: Path):
     assert not (tmp_path / "m" / BIG).exists()  # neither in place nor vouched for by the manifest
     assert BIG not in (tmp_path / "m" / MANIFEST_NAME).read_text()
     assert report.manifest is not None and report.manifest.commit == ""  # not complete at any commit
+
+
+def test_a_redirect_to_another_host_keeps_range_and_drops_the_token(tmp_path: Path):
+    """As huggingface.co serves large files from another host: the agent follows the 302, resumes there with a
+    Range request, and sends the hub token only to the hub."""
+    from k3deploy.tasks.models.listing import auth_headers
+
+    rnd = random.Random(5)
+    files = {"config.json": b'{"vocab_size": 10}', BIG: rnd.randbytes(3 << 20)}
+    publish(tmp_path / "hub", REPO, files)
+    with HubServer(tmp_path / "hub") as cdn, HubServer(tmp_path / "hub", lfs_redirect=cdn.url) as hub:
+        cdn.faults.truncate(REPO, BIG, at=1 << 20, times=1)
+        listing = list_huggingface(REPO, "main", hub.url, None)
+        urls = download_urls("huggingface", listing, "main", hub.url)
+        token = auth_headers(SecretStr("hf_k3test_token"))
+        body = job(
+            "fetch", str(tmp_path / "m"), listing, urls=urls, fetch=[f.path for f in listing.files], headers=token
+        )
+        report = run_agent({"local": LocalTransport("local")}, sys.executable, {"local": body}, 60, "fetching")["local"]
+        assert all(c.ok for c in report.checks), report.checks
+        redirected = [r for r in hub.requests if r.method == "GET" and BIG in r.path]
+        served = [r for r in cdn.requests if r.method == "GET" and BIG in r.path]
+    assert {r.status for r in redirected} == {302} and all(r.authorized for r in redirected)
+    assert len(served) == 2 and served[1].range is not None and served[1].range.startswith("bytes=")  # resumed there
+    assert not any(r.authorized for r in cdn.requests)  # the token never reached the other host
+    assert (tmp_path / "m" / BIG).read_bytes() == files[BIG]
