@@ -13,6 +13,9 @@ SEED_DEVICES = [f"/dev/davinci{i}" for i in range(16)] + [
     "/dev/devmm_svm",
     "/dev/hisi_hdc",
 ]
+# The CANN and ATB environments vLLM-Ascend's images expect; their nightly harness sources these before
+# `vllm serve` (tests/e2e/nightly/multi_node/scripts/run.sh), while a container command reads no ~/.bashrc.
+SEED_SETUP = ["/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh"]
 SEED_MOUNTS = [
     "/usr/local/dcmi:/usr/local/dcmi",
     "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
@@ -63,6 +66,10 @@ class ContainerSettings(BaseModel):
     shm_size: Text = Field(default="1g", description="--shm-size")
     devices: list[DeviceSpec] = Field(
         default_factory=lambda: list(SEED_DEVICES), description="Host devices passed in (--device)."
+    )
+    setup_scripts: list[AbsPath] = Field(
+        default_factory=lambda: list(SEED_SETUP),
+        description="Scripts in the image sourced, in order, before vllm serve (and vllm bench) run in the container.",
     )
     mounts: list[MountSpec] = Field(
         default_factory=lambda: list(SEED_MOUNTS),

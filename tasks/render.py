@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from string import Template
 from typing import Any, Literal
@@ -252,6 +253,16 @@ def process_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -
     )
 
 
+def sourced(scripts: Sequence[str], command: str) -> str:
+    """A shell command run after the image's environment scripts (a failing script stops it)."""
+    return " && ".join([*(f". {shlex.quote(s)}" for s in scripts), command])
+
+
+def entry_argv(scripts: Sequence[str], argv: list[str]) -> list[str]:
+    """How a container runs `argv`: the image's environment scripts sourced first, as vLLM-Ascend's harness does."""
+    return ["bash", "-c", sourced(scripts, 'exec "$@"'), "k3deploy-entry", *argv] if scripts else list(argv)
+
+
 def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -> ContainerSpec:
     """Seed 4.1's container for node `index`, running that node's `vllm serve` directly."""
     settings = cfg.serve.container
@@ -260,7 +271,7 @@ def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None)
     return ContainerSpec(
         name=settings.name,
         image=cfg.image.pinned_ref,
-        command=serve_argv(cfg, index),
+        command=entry_argv(settings.setup_scripts, serve_argv(cfg, index)),
         environment=node_env(cfg, index),
         devices=list(settings.devices),
         volumes=[*settings.mounts, f"{root}:{root}"],

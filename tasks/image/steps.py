@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from k3deploy.tasks.image.probe import (
     registry_said,
     version_findings,
 )
+from k3deploy.tasks.render import entry_argv
 from k3deploy.tasks.transport.base import CommandResult, Transport, on_every_node, run_all
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
@@ -129,13 +131,16 @@ def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
 
 
 @task(name="probe image", cache_key_fn=_probe_key, persist_result=True)
-def probe_image(cluster: ClusterConfig, image_id: str) -> tuple[dict[str, str], list[Finding]]:
-    """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0."""
+def probe_image(
+    cluster: ClusterConfig, image_id: str, setup_scripts: Sequence[str] = ()
+) -> tuple[dict[str, str], list[Finding]]:
+    """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0, started
+    as launch starts vllm serve (the image's environment scripts sourced first)."""
     node = cluster.nodes[0].name
     with docker_clients(cluster, only=[node]) as clients:
         client = clients[node]
-        _, shown = run_in_image(client, node, image_id, PIP_SHOW)
-        code, help_text = run_in_image(client, node, image_id, SERVE_HELP)
+        _, shown = run_in_image(client, node, image_id, entry_argv(setup_scripts, PIP_SHOW))
+        code, help_text = run_in_image(client, node, image_id, entry_argv(setup_scripts, SERVE_HELP))
     versions = parse_pip_show(shown)
     findings = version_findings(versions)
     if code != 0:

@@ -13,7 +13,7 @@ import queue
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,7 +24,7 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
-from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec
+from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
 from k3deploy.tasks.transport.base import CommandResult, Transport, with_timeout
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
@@ -66,8 +66,8 @@ class Runtime(Protocol):
 class DockerRuntime:
     """A container per node through the Docker API (docker SDK over the node's SSH connection)."""
 
-    def __init__(self, node: str, client: docker.DockerClient) -> None:
-        self.node, self.client = node, client
+    def __init__(self, node: str, client: docker.DockerClient, setup_scripts: Sequence[str] = ()) -> None:
+        self.node, self.client, self.setup_scripts = node, client, tuple(setup_scripts)
 
     def start(self, plan: NodePlan) -> Started:
         assert plan.container is not None, "serve.runtime docker renders a container"
@@ -108,7 +108,8 @@ class DockerRuntime:
         assert plan.container is not None, "serve.runtime docker renders a container"
         started, api = time.monotonic(), self.client.api
         try:
-            exec_id = api.exec_create(plan.container.name, ["sh", "-c", with_timeout(command, timeout)])["Id"]
+            entry = sourced(self.setup_scripts, command)  # the same environment the server started with
+            exec_id = api.exec_create(plan.container.name, ["sh", "-c", with_timeout(entry, timeout)])["Id"]
             pending, out = "", []
             for chunk in api.exec_start(exec_id, stream=True):
                 pending += chunk.decode(errors="replace")
@@ -267,7 +268,8 @@ def serving_runtimes(cfg: DeploymentConfig) -> Iterator[dict[str, Runtime]]:
     """A runtime per node, node 0 first, by serve.runtime; connections closed however the block ends."""
     if cfg.serve.runtime == "docker":
         with docker_clients(cfg.cluster) as clients:
-            yield {node: DockerRuntime(node, client) for node, client in clients.items()}
+            scripts = cfg.serve.container.setup_scripts
+            yield {node: DockerRuntime(node, client, scripts) for node, client in clients.items()}
         return
     process = cfg.serve.process
     with open_transports(cfg.cluster) as transports:

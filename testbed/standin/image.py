@@ -74,6 +74,10 @@ def register_model():
 def register_connector():
     \"\"\"General plugin entry point (no KV connectors in the stand-in).\"\"\"
 """
+SETUP_SCRIPTS = {
+    "/usr/local/Ascend/ascend-toolkit/set_env.sh": "export ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest",
+    "/usr/local/Ascend/nnal/atb/set_env.sh": "export ATB_HOME_PATH=/usr/local/Ascend/nnal/atb/latest/atb/cxx_abi_1",
+}
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+!_-]*$")
 
 
@@ -358,6 +362,10 @@ def build_rootfs(dest: Path, versions: Mapping[str, str] | None = None) -> dict[
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
             shutil.copy2(Path(lib).resolve(), target)
+    for script, line in SETUP_SCRIPTS.items():  # what vLLM-Ascend's images source before vllm serve (CANN, ATB)
+        path = dest / script.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# k3deploy test-bed stand-in for {script}\n{line}\n")
     chosen = write_site_packages(dest / SITE, versions)
     _precompile(dest)
     (dest / "etc" / "os-release").write_text(

@@ -14,7 +14,8 @@ milestones, and then:
 
 Like real vLLM data parallelism, node 0 is ready only once every remote rank has joined and
 finished loading; a request routed to a rank that died or hangs never returns, while
-`/health` stays 200; a headless rank that never reaches node 0 gives up after
+`/health` stays 200 (with `--enable-expert-parallel`, every request: each step is an
+all-to-all over all ranks); a headless rank that never reaches node 0 gives up after
 K3SIM_FRONTEND_TIMEOUT_S (default 300 s), logs `EngineCore failed to start` and exits 0.
 
 Fault controls come from the environment and, when K3SIM_CONTROL_FILE names a JSON object
@@ -117,6 +118,11 @@ class Log:
 
     def info(self, where: str, msg: str, proc: str = "") -> None:
         self.line("INFO", where, msg, proc)
+
+    def debug(self, where: str, msg: str, proc: str = "") -> None:
+        """Printed only with VLLM_LOGGING_LEVEL=DEBUG, as vLLM's logger does."""
+        if os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG":
+            self.line("DEBUG", where, msg, proc)
 
     def warning(self, where: str, msg: str, proc: str = "") -> None:
         self.line("WARNING", where, msg, proc)
@@ -604,7 +610,16 @@ class Coordinator:
         return next(self.rr) % self.args.data_parallel_size
 
     def run_on(self, rank: int, tokens: int) -> None:
-        """Block until `rank` has produced the request's tokens; forever if it is gone or hangs."""
+        """Block until `rank` has produced the request's tokens; forever if it is gone or hangs.
+
+        With expert parallelism every forward step is an all-to-all over all ranks: one dead rank stalls
+        every request, not only the share routed to it.
+        """
+        if self.args.enable_expert_parallel:
+            with self.lock:
+                dead = any(not peer.alive for peer in self.remotes.values())
+            if dead:
+                threading.Event().wait()
         if rank in self.local_ranks:
             pace(self.controls, tokens)
             return
@@ -1214,7 +1229,7 @@ def serve(args: argparse.Namespace) -> int:
                 ],
             )
         if elapsed() >= next_log:
-            LOG.info(
+            LOG.debug(  # vLLM logs this at debug level (vllm/v1/engine/utils.py wait_for_engine_startup)
                 "utils.py:1029",
                 f"Waiting for 0 local, {waiting} remote core engine proc(s) to start.",
                 api,

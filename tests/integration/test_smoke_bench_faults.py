@@ -102,3 +102,20 @@ def test_smoke_fails_naming_the_node_when_a_rank_dies_after_launch(prefect_serve
     rank = findings(failed)["http://127.0.0.1:18300 every DP rank"]
     assert "requests failed (no answer within 5 s)" in rank and "finished no request: engine 1 (local1)" in rank
     assert "engine 0 (local0)" not in rank.split("finished no request:")[1]
+
+
+@pytest.mark.smoke
+def test_with_expert_parallelism_a_dead_rank_stalls_every_request(prefect_server, deployment, tmp_path):
+    """EP: every step is an all-to-all over all ranks, so one dead rank stalls all requests, not a share."""
+    config, _control = deployment
+    data = yaml.safe_load(Path(config).read_text())
+    data["serve"] |= {"enable_expert_parallel": True, "expert_parallel_size": 2}
+    ep_config = write_config(tmp_path / "ep.yaml", data)
+    launch(config=ep_config)
+    os.killpg(int((tmp_path / "serving" / "vllm-kimi-k3-local1" / "pid").read_text()), signal.SIGKILL)
+    with pytest.raises(SmokeStageFailed) as failed:
+        smoke(config=ep_config)
+    bad = findings(failed)
+    assert bad["http://127.0.0.1:18300 chat"] == "no answer within 5 s"  # whichever rank it was routed to
+    assert bad["http://127.0.0.1:18300 every DP rank"].startswith("4 of 4 requests failed (no answer within 5 s)")
+    teardown(config=ep_config)

@@ -123,7 +123,8 @@ def test_real_vllm_in_containers_on_two_bed_hosts_serves_dp2_across_their_namesp
         # Both ranks are the real vLLM from the mounted environment, each on its own namespace's address.
         for node, container in containers.items():
             argv, env = container.attrs["Config"]["Cmd"], container.attrs["Config"]["Env"]
-            assert argv[:2] == ["vllm", "serve"] and ("--headless" in argv) == (node != "node0")
+            serve = argv[argv.index("k3deploy-entry") + 1 :]  # after the image's set_env.sh scripts are sourced
+            assert serve[:2] == ["vllm", "serve"] and ("--headless" in serve) == (node != "node0")
             assert f"VLLM_HOST_IP={testbed.host(node).ip}" in env
         # Rank 1 answered requests from node1's namespace: vLLM counts finished requests per engine.
         node0 = f"http://{testbed.host('node0').ip}:{PROFILE['serve']['service_port']}"

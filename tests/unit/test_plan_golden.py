@@ -8,7 +8,8 @@ import shlex
 import pytest
 
 from k3deploy.blocks import parse_config
-from k3deploy.tasks.render import render_plan
+from k3deploy.blocks.serve import SEED_SETUP
+from k3deploy.tasks.render import entry_argv, render_plan
 from tests import seed
 from tests.configs import DIGEST, SITE, site_data, with_changes
 
@@ -68,7 +69,11 @@ def test_docker_run_matches_seed(plan, node):
     assert extra.pop(("-d", None)) == 1
     assert {flag for flag, _ in extra} == {"-e", "--label"}
     assert sorted(v for f, v in extra if f == "-e") == sorted(f"{k}={v}" for k, v in seed_env(node).items())
-    assert spec.docker_run_argv()[-len(spec.command) - 1 :] == [spec.image, *plan.nodes[node].serve_argv]
+    # The seed runs `bash` and types `vllm serve` in it, so the image's environment scripts are sourced first.
+    assert spec.docker_run_argv()[-len(spec.command) - 1 :] == [
+        spec.image,
+        *entry_argv(SEED_SETUP, plan.nodes[node].serve_argv),
+    ]
     assert spec.image == f"quay.io/ascend/vllm-ascend:nightly-main-a3@{DIGEST}"
 
 

@@ -141,5 +141,5 @@ def test_container_name_and_image(value):
     if plan:
         argv = plan.nodes[0].container.docker_run_argv()
         assert flag_value(argv, "--name") == value
-        assert argv[-len(plan.nodes[0].serve_argv) - 1].startswith(value)
+        assert argv[-len(plan.nodes[0].container.command) - 1].startswith(value)
         assert argv in pasted_commands(plan)
