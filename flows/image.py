@@ -56,7 +56,7 @@ def _image(cfg: DeploymentConfig) -> ImageRecord:
     record.findings = image_problems(held, cfg.image.digest if cfg.image.build is None else None)
     if not record.findings:
         record.image_id = next(iter(held.values())).id
-        record.versions, record.findings = probe_image(cfg.cluster, record.image_id, cfg.serve.container.setup_scripts)
+        record.versions, record.findings = probe_image(cfg.cluster, record.image_id, cfg.serve.container)
     return record
 
 

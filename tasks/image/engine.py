@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +92,13 @@ def inspect(client: docker.DockerClient, node: str, ref: str) -> NodeImage:
 
 
 @contextlib.contextmanager
-def _probe_container(client: docker.DockerClient, image_id: str, argv: list[str]) -> Iterator[Any]:
-    container = client.containers.create(image_id, command=argv, entrypoint=[], labels={PROBE_LABEL: "1"})
+def _probe_container(
+    client: docker.DockerClient, image_id: str, argv: list[str], devices: Sequence[str], volumes: Sequence[str]
+) -> Iterator[Any]:
+    extra: dict[str, Any] = {"devices": list(devices)} if devices else {}
+    if volumes:
+        extra["volumes"] = list(volumes)
+    container = client.containers.create(image_id, command=argv, entrypoint=[], labels={PROBE_LABEL: "1"}, **extra)
     try:
         yield container
     finally:
@@ -102,11 +107,18 @@ def _probe_container(client: docker.DockerClient, image_id: str, argv: list[str]
 
 
 def run_in_image(
-    client: docker.DockerClient, node: str, image_id: str, argv: list[str], timeout: float = 120
+    client: docker.DockerClient,
+    node: str,
+    image_id: str,
+    argv: list[str],
+    timeout: float = 120,
+    devices: Sequence[str] = (),
+    volumes: Sequence[str] = (),
 ) -> tuple[int, str]:
-    """Run a short command in a throw-away container of the image: (exit code, stdout + stderr)."""
+    """Run a short command in a throw-away container of the image, with the serving container's devices and
+    mounts (vLLM-Ascend's plugin reads the driver through them): (exit code, stdout + stderr)."""
     try:
-        with _probe_container(client, image_id, argv) as container:
+        with _probe_container(client, image_id, argv, devices, volumes) as container:
             container.start()
             status = container.wait(timeout=timeout)
             output = container.logs(stdout=True, stderr=True).decode(errors="replace")

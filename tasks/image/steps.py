@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.image import ImageConfig
+from k3deploy.blocks.serve import ContainerSettings
 from k3deploy.errors import TransportError
 from k3deploy.stage import Finding
 from k3deploy.tasks.image import build as building
@@ -132,15 +132,16 @@ def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
 
 @task(name="probe image", cache_key_fn=_probe_key, persist_result=True)
 def probe_image(
-    cluster: ClusterConfig, image_id: str, setup_scripts: Sequence[str] = ()
+    cluster: ClusterConfig, image_id: str, container: ContainerSettings
 ) -> tuple[dict[str, str], list[Finding]]:
     """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0, started
-    as launch starts vllm serve (the image's environment scripts sourced first)."""
+    as launch starts vllm serve: the image's environment scripts sourced first, its devices and mounts given."""
     node = cluster.nodes[0].name
+    scripts, devices, mounts = container.setup_scripts, container.devices, container.mounts
     with docker_clients(cluster, only=[node]) as clients:
         client = clients[node]
-        _, shown = run_in_image(client, node, image_id, entry_argv(setup_scripts, PIP_SHOW))
-        code, help_text = run_in_image(client, node, image_id, entry_argv(setup_scripts, SERVE_HELP))
+        _, shown = run_in_image(client, node, image_id, entry_argv(scripts, PIP_SHOW), 120, devices, mounts)
+        code, help_text = run_in_image(client, node, image_id, entry_argv(scripts, SERVE_HELP), 120, devices, mounts)
     versions = parse_pip_show(shown)
     findings = version_findings(versions)
     if code != 0:

@@ -160,3 +160,19 @@ def test_a_failed_build_names_the_build_host_and_leaves_no_checkout(prefect_serv
         node0.run(f"rm -rf {src}", 30)
     assert "build" in str(failed.value)
     assert node0.run("ls -A /var/tmp/k3deploy-build", 30).stdout.strip() == ""  # removed although the build failed
+
+
+def test_the_probe_runs_the_way_launch_starts_vllm(testbed, engines):
+    """Its environment scripts sourced, the serving container's devices and mounts given (a real Podman engine)."""
+    from k3deploy.blocks.serve import SEED_SETUP
+    from k3deploy.tasks.image.engine import run_in_image
+    from k3deploy.tasks.render import entry_argv
+
+    client = engines["clients"]["node0"]
+    image_id = client.images.pull(testbed.image_ref_by_digest).id
+    look = ["sh", "-c", 'ls /dev/davinci0 /usr/local/Ascend/driver/version.info && echo "toolkit=$ASCEND_TOOLKIT_HOME"']
+    mounts = ["/usr/local/Ascend/driver:/usr/local/Ascend/driver"]
+    code, out = run_in_image(client, "node0", image_id, entry_argv(SEED_SETUP, look), 60, ["/dev/davinci0"], mounts)
+    assert code == 0 and "toolkit=/usr/local/Ascend/ascend-toolkit/latest" in out, out
+    code, out = run_in_image(client, "node0", image_id, look, 60)  # a bare container sees neither
+    assert code != 0 and "toolkit=" not in out
