@@ -951,6 +951,7 @@ class Stats:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 2048  # uvicorn's backlog: socketserver's default 5 reset a readiness burst under load
 
     def __init__(self, args: argparse.Namespace, controls: Controls, coordinator: Coordinator, max_len: int) -> None:
         self.args, self.controls, self.coordinator, self.max_len = args, controls, coordinator, max_len
