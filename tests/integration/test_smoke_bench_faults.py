@@ -27,10 +27,10 @@ from k3deploy.flows.teardown import teardown
 from k3deploy.localprofile.checkpoint import write_checkpoint
 from tests.bedconfig import write_config
 from tests.ports import port_free
+from tests.vllm_env import VLLM, needs_vllm_env
 
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
-REAL_VLLM = Path(os.environ.get("K3DEPLOY_VLLM_ENV", PROFILE["image"]["environment"]["path"])) / "bin" / "vllm"
 STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
 
 pytestmark = [pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
@@ -45,7 +45,7 @@ def deployment(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     script.write_text(
         "#!/bin/sh\n# serve: the test bed's stand-in; anything else (bench): the real vLLM\n"
         f'if [ "$1" = serve ]; then exec python3 {shlex.quote(str(STANDIN))} "$@"; fi\n'
-        f'exec {shlex.quote(str(REAL_VLLM))} "$@"\n'
+        f'exec {shlex.quote(str(VLLM))} "$@"\n'
     )
     script.chmod(0o755)
     data = json.loads(json.dumps(PROFILE))
@@ -75,9 +75,7 @@ def findings(failed: pytest.ExceptionInfo[Any]) -> dict[str, str]:
 
 @pytest.mark.bench
 @pytest.mark.vllm
-@pytest.mark.skipif(
-    not os.access(REAL_VLLM, os.X_OK) and not os.environ.get("CI"), reason=f"no CPU vLLM environment at {REAL_VLLM}"
-)
+@needs_vllm_env
 def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requests(prefect_server, deployment):
     config, control = deployment
     launch(config=config)

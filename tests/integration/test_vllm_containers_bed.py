@@ -11,7 +11,6 @@ root (/srv) is private, so the checkpoint is written into each one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -30,12 +29,13 @@ from k3deploy.localprofile.checkpoint import write_checkpoint
 from k3deploy.tasks.launch.containers import RUN_LABEL
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from testbed.standin.runner import publish_runner
+from tests import vllm_env
 from tests.bedconfig import bed_config, write_config
 from tests.launchbed import NAME, ours
 
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
-VLLM_ENV = os.environ.get("K3DEPLOY_VLLM_ENV", PROFILE["image"]["environment"]["path"])
+VLLM_ENV = str(vllm_env.VLLM_ENV)
 RUNNER = "10.213.0.1:5000/k3deploy/vllm-cpu-runner:1"
 CHECKPOINT = "tiny-kimi-k3"
 NODES = ["node0", "node1"]
@@ -46,10 +46,7 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.prefect,
     pytest.mark.usefixtures("runs_dir"),
-    pytest.mark.skipif(  # never skipped in CI, which provisions it: there a missing environment fails
-        not os.access(f"{VLLM_ENV}/bin/vllm", os.X_OK) and not os.environ.get("CI"),
-        reason=f"no CPU vLLM environment at {VLLM_ENV} (set K3DEPLOY_VLLM_ENV)",
-    ),
+    vllm_env.needs_vllm_env,
 ]
 
 
