@@ -59,7 +59,8 @@ def ping_cmd(tools: ToolPaths, npu: int, address: str, *, hccs: bool = False) ->
 # -- npu-smi info ----------------------------------------------------------------------------------
 
 _BOARD_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*([^|]*?)\s*\|")
-_CHIP_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
+# A chip row: `| Chip  Phy-ID | Bus-Id |` on A3 (910_93), `| Chip | Bus-Id |` without Phy-ID elsewhere.
+_CHIP_ROW = re.compile(r"^\|\s*(\d+)(?:\s+\d+)?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
 HEALTHY = "OK"
 
 

@@ -21,8 +21,10 @@ Fault schema (every key optional; NPU ids are logical ids 0..15):
                       or {"node2": 0.34},       # ... or the share of packets lost
       "missing_npus": [15],                     # not listed by npu-smi; `-i 15` fails
       "health":       {"3": "Critical"},        # npu-smi info Health column
-      "hccn_exclusive_s": 0.05                  # hccn_tool holds the device this long per call and answers a
-    }                                           # call meanwhile `hccn_tool is busy, please try again.` (rc 1)
+      "hccn_exclusive_s": 0.05,                 # hccn_tool holds the device this long per call and answers a
+                                                # call meanwhile `hccn_tool is busy, please try again.` (rc 1)
+      "no_roce": true                           # an HCCS-only site: -ip -g says `Get ipconf failed, because no ip
+    }                                           # was preset there!`; -netdetect, -gateway, -ping fail (rc 1)
 
 A ping to another host's NPU also fails when that host's faults mark the target
 NPU missing or its link down (peers' faults files are read through the bed map), and

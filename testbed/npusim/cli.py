@@ -51,6 +51,18 @@ def _usage(tool: str, msg: str) -> Result:
     return Result(2, err=f"{tool}: {msg} (k3deploy test bed simulator)\n")
 
 
+NO_ROCE_FAILS = ("ip", "netdetect", "gateway", "ping")
+
+
+def _no_roce(npu: int, cmd: str) -> Result:
+    """A query of the RoCE plane on a site without one: `-ip -g` answers as users saw it on nodes without a
+    preset address (hicann/driver cmd.c's text, on stderr); the others get the tool's generic failure
+    (`Command execute failed!`, same file). The exit code is unpublished: 1."""
+    if cmd == "ip":
+        return Result(1, err="Get ipconf failed, because no ip was preset there!\n")
+    return Result(1, err="Command execute failed!\n")
+
+
 def _missing_npu(tool: str, npu: int) -> Result:
     """What a query for an absent device gets: an error and a non-zero exit."""
     if tool == "npu-smi":
@@ -143,6 +155,8 @@ def run_hccn_tool(ctx: Context, argv: Sequence[str]) -> Result:
     tail = [a for k, a in enumerate(args) if k not in (at, at + 1) and a not in ("-g", f"-{cmd}")]
     if not 0 <= npu < NPUS_PER_HOST or npu in ctx.faults.missing_npus:
         return _missing_npu("hccn_tool", npu)
+    if ctx.faults.no_roce and cmd in NO_ROCE_FAILS:
+        return _no_roce(npu, cmd)
     n = ctx.host.npus[npu]
     simple: dict[str, Callable[[], str]] = {
         "lldp": lambda: formats.hccn_lldp(ctx.host, n),

@@ -32,7 +32,9 @@ NET_HEALTH_VALUES = (
     "Unreachable",
     "Detect ip set",
 )
-FAULT_KEYS = ("link_down", "net_health", "tls_switch", "ping_loss", "missing_npus", "health", "hccn_exclusive_s")
+FAULT_KEYS = (
+    "link_down", "net_health", "tls_switch", "ping_loss", "missing_npus", "health", "hccn_exclusive_s", "no_roce"
+)
 
 
 class Npu(namedtuple("Npu", "id ip vnic_ip gateway netmask", defaults=(NETMASK,))):
@@ -173,8 +175,8 @@ def _per_npu(value: Any, key: str, default: Any) -> dict[int, Any]:
     raise FaultError(f"{key}: expected a list or an object, got {value!r}")
 
 
-_FAULT_FIELDS = "link_down net_health tls_switch tls_default ping_loss missing_npus health hccn_exclusive_s"
-_NO_FAULTS = (frozenset(), {}, {}, 0, {}, frozenset(), {}, 0.0)  # the dicts are never mutated
+_FAULT_FIELDS = "link_down net_health tls_switch tls_default ping_loss missing_npus health hccn_exclusive_s no_roce"
+_NO_FAULTS = (frozenset(), {}, {}, 0, {}, frozenset(), {}, 0.0, False)  # the dicts are never mutated
 
 
 class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
@@ -189,6 +191,7 @@ class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
     missing_npus: frozenset[int]
     health: dict[int, str]
     hccn_exclusive_s: float  # > 0: hccn_tool refuses a call while another runs, each holding the device this long
+    no_roce: bool  # an HCCS-only super-pod site: no RoCE address is configured on any NPU
 
     def tls_for(self, npu: int) -> int:
         return self.tls_switch.get(npu, self.tls_default)
@@ -238,7 +241,14 @@ class Faults(namedtuple("Faults", _FAULT_FIELDS, defaults=_NO_FAULTS)):
             missing_npus=_npu_ids(data.get("missing_npus", []), "missing_npus"),
             health={k: str(v) for k, v in _per_npu(data.get("health", {}), "health", "Critical").items()},
             hccn_exclusive_s=_seconds(data.get("hccn_exclusive_s", 0.0), "hccn_exclusive_s"),
+            no_roce=_flag(data.get("no_roce", False), "no_roce"),
         )
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise FaultError(f"{key}: expected true or false, got {value!r}")
+    return value
 
 
 def _seconds(value: Any, key: str) -> float:

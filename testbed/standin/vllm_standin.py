@@ -19,8 +19,9 @@ all-to-all over all ranks); a headless rank that never reaches node 0 gives up a
 K3SIM_FRONTEND_TIMEOUT_S (default 300 s), logs `EngineCore failed to start` and exits 0.
 
 Fault controls come from the environment and, when K3SIM_CONTROL_FILE names a JSON object
-file, from that file (same keys; its values win), re-read while running. All times are
-seconds since the process started. See testbed/README.md for the table.
+file, from that file (same keys; its values win), re-read while running. A key suffixed `_DP<r>`
+(e.g. K3SIM_STARTUP_S_DP1) applies only to the process whose first DP rank is r and wins over the
+plain key. All times are seconds since the process started. See testbed/README.md for the table.
 """
 
 from __future__ import annotations
@@ -157,8 +158,9 @@ def die(code: int) -> None:
 class Controls:
     """K3SIM_* settings: environment, overridden by the JSON file named by K3SIM_CONTROL_FILE."""
 
-    def __init__(self, environ: dict[str, str]) -> None:
+    def __init__(self, environ: dict[str, str], rank: int = 0) -> None:
         self._env = dict(environ)
+        self._rank = rank
         self._path = environ.get("K3SIM_CONTROL_FILE") or None
         self._file: dict[str, str] = {}
         self._stamp: tuple[int, int, int] | None = None
@@ -189,8 +191,11 @@ class Controls:
         self._file = {str(k): _text(v) for k, v in data.items()}
 
     def get(self, key: str) -> str | None:
-        value = self._file.get(key, self._env.get(key))
-        return None if value is None or value == "" else value
+        for name in (f"{key}_DP{self._rank}", key):  # this rank's own setting first
+            value = self._file.get(name, self._env.get(name))
+            if value is not None and value != "":
+                return value
+        return None
 
     def number(self, key: str, default: float | None = None) -> float | None:
         value = self.get(key)
@@ -1164,7 +1169,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(args: argparse.Namespace) -> int:
-    controls = Controls(dict(os.environ))
+    controls = Controls(dict(os.environ), args.data_parallel_start_rank if args.headless else 0)
     api = f"APIServer pid={LOG.pid}"
     proc = "" if args.headless else api
 

@@ -148,3 +148,18 @@ def test_an_hccs_only_site_runs_no_roce_check_and_says_so(comm, testbed):
     assert {"vnic", "spod_info", "hccs_ping", "npu_smi"} <= checks
     assert not checks & {"lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "hccn_conf", "ping"}
     assert [(g.group, g.reason) for g in report.not_applicable] == [("roce plane", "cluster.comm_planes has no roce")]
+
+
+def test_a_site_without_roce_fails_its_roce_plane_on_every_npu_unless_hccs_only(comm, testbed, testbed_faults):
+    """Super-pod sites may run HCCS only (`-ip -g` fails there): checking RoCE fails it, naming each NPU."""
+    for name in NODES:
+        testbed_faults.set(name, {"no_roce": True})
+    report = comm(bed_cluster(testbed, npus=2))
+    ip_failures = {(r.node, r.npu) for r in report.failures if r.check == "ip"}
+    assert ip_failures == {(n, i) for n in NODES for i in range(2)}
+    ip_row = next(r for r in report.failures if r.check == "ip")
+    assert "Get ipconf failed, because no ip was preset there!" in ip_row.detail  # the tool's words reach the row
+    assert {r.check for r in report.failures} <= {"ip", "netdetect", "gateway", "ping"}
+    assert not any(r.check in ("vnic", "hccs_ping", "spod_info") for r in report.failures)
+    hccs_only = comm(bed_cluster(testbed, npus=2).model_copy(update={"comm_planes": ["hccs"]}))
+    assert hccs_only.failures == (), hccs_only.summary()

@@ -2,15 +2,13 @@
 
 The stand-in (testbed/standin/vllm_standin.py) serves node 0 and one headless rank as processes on this
 machine (the process runtime). `vllm bench serve` is the REAL one, from the local profile's vLLM
-environment, so the failed count is the real tool's: the environment given to the pipeline is a folder
-whose `vllm` runs the stand-in for `serve` and the real vLLM for everything else.
+environment, so the failed count is the real tool's (tests/standin_profile.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,10 +22,10 @@ from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
-from k3deploy.localprofile.checkpoint import write_checkpoint
 from tests.bedconfig import write_config
 from tests.ports import port_free
-from tests.vllm_env import VLLM, needs_vllm_env
+from tests.standin_profile import standin_profile
+from tests.vllm_env import needs_vllm_env
 
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
@@ -39,32 +37,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The local profile with the stand-in as its server; (config path, the stand-in's control file)."""
-    env = tmp_path / "env"
-    (env / "bin").mkdir(parents=True)
-    script = env / "bin" / "vllm"
-    script.write_text(
-        "#!/bin/sh\n# serve: the test bed's stand-in; anything else (bench): the real vLLM\n"
-        f'if [ "$1" = serve ]; then exec python3 {shlex.quote(str(STANDIN))} "$@"; fi\n'
-        f'exec {shlex.quote(str(VLLM))} "$@"\n'
-    )
-    script.chmod(0o755)
-    data = json.loads(json.dumps(PROFILE))
-    data["cluster"]["model_root"] = str(tmp_path / "models")
-    write_checkpoint(tmp_path / "models" / "tiny-kimi-k3")  # the tokenizer the real bench loads
-    del data["models"]["local_hub"]
-    data["image"]["environment"]["path"] = str(env)
-    control = tmp_path / "control.json"
-    data["serve"] |= {
-        "service_port": 18300,
-        "rpc_port": 13645,
-        "process": {"state_dir": str(tmp_path / "serving")},
-        "readiness": {"timeout_s": 120, "poll_s": 0.5, "request_timeout_s": 10},
-    }
-    data["serve"]["env"] |= {"K3SIM_CONTROL_FILE": str(control), "K3SIM_STARTUP_S": "0.5"}
-    data["smoke"] = {"request_timeout_s": 5, "burst_requests": 4}
-    data["bench"] |= {"prefix_hit": False}
-    config = write_config(tmp_path / "standin.yaml", data)
-    yield config, control
+    config = write_config(tmp_path / "standin.yaml", standin_profile(tmp_path))
+    yield config, tmp_path / "control.json"
     teardown(config=config)
     assert not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)
 
@@ -100,6 +74,22 @@ def test_smoke_fails_naming_the_node_when_a_rank_dies_after_launch(prefect_serve
     rank = findings(failed)["http://127.0.0.1:18300 every DP rank"]
     assert "requests failed (no answer within 5 s)" in rank and "finished no request: engine 1 (local1)" in rank
     assert "engine 0 (local0)" not in rank.split("finished no request:")[1]
+
+
+@pytest.mark.launch
+def test_with_expert_parallelism_node0_is_ready_only_after_the_slow_rank_joined(prefect_server, deployment, tmp_path):
+    """EP: node 0 cannot finish start-up until every rank has loaded; launch waits for it, not for /health."""
+    config, control = deployment
+    data = yaml.safe_load(Path(config).read_text())
+    data["serve"] |= {"enable_expert_parallel": True, "expert_parallel_size": 2}
+    ep_config = write_config(tmp_path / "ep.yaml", data)
+    control.write_text(json.dumps({"K3SIM_STARTUP_S_DP1": 4}))  # the headless rank loads 8x slower than node 0
+    result = launch(config=ep_config)
+    seen = {(m["node"], m["milestone"]): m["seconds"] for m in result.data["milestones"]}
+    assert seen[("local1", "kv_cache")] <= seen[("local0", "startup_complete")]
+    assert seen[("local0", "kv_cache")] < seen[("local1", "kv_cache")]  # node 0 itself was done long before
+    assert result.data["time_to_ready_s"] >= seen[("local1", "kv_cache")]
+    teardown(config=ep_config)
 
 
 @pytest.mark.smoke

@@ -152,6 +152,15 @@ def test_every_rendered_serve_command_is_accepted() -> None:
         assert args.compilation_config == {"cudagraph_mode": "FULL_DECODE_ONLY"}
 
 
+def test_a_rank_suffixed_control_wins_for_that_rank_only(tmp_path: Path) -> None:
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"K3SIM_STARTUP_S_DP1": 4, "K3SIM_HANG_DP0": ""}))
+    env = {"K3SIM_CONTROL_FILE": str(control), "K3SIM_STARTUP_S": "0.5", "K3SIM_HANG": "1"}
+    node0, rank1 = vllm_standin.Controls(env, 0), vllm_standin.Controls(env, 1)
+    assert (node0.number("K3SIM_STARTUP_S"), rank1.number("K3SIM_STARTUP_S")) == (0.5, 4.0)
+    assert node0.flag("K3SIM_HANG") and rank1.flag("K3SIM_HANG")  # an empty rank key does not override
+
+
 def test_unknown_flags_and_choices_exit_2_like_argparse(local_model: Path) -> None:
     for bad in (["--no-such-flag"], ["--tokenizer-mode", "kimi_k9"], ["--speculative-config", "{not json"]):
         proc = subprocess.run(

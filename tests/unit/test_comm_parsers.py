@@ -1,4 +1,5 @@
-"""NPU check parsers on outputs recorded from the bed's simulators (tests/data/comm, see record.py)."""
+"""NPU check parsers: on published real output (tests/data/comm/published, sources in its README) and,
+for the orchestration around them, on outputs recorded from the bed's simulators (tests/data/comm, record.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.report import Finding
 
@@ -212,3 +214,36 @@ def test_the_published_hccn_conf_matches_the_published_ip():
 
     rows = hc.parse_hccn_conf("node0", (PUBLISHED / "hccn.conf").read_text(), 0, 1, {0: "29.1.137.205"})
     assert rows and all(r.ok for r in rows), rows
+
+
+def test_a_published_a3_npu_smi_table_lists_16_healthy_dies():
+    """vllm-ascend#960: a whole A3 table, 8 boards × 2 dies with Phy-IDs, all idle."""
+    text = (PUBLISHED / "npu-smi-info-a3.txt").read_text()
+    rows = nc.parse_npu_smi_info("node0", text, 0, 16)
+    assert [(r.npu, r.ok) for r in rows] == [(i, True) for i in range(16)]
+    assert rows[15].detail.startswith("health OK: | 7     Ascend910")
+    short = nc.parse_npu_smi_info("node0", text.split("| 7     Ascend910")[0], 0, 16)  # the table cut short
+    assert [r.npu for r in short if not r.ok] == [14, 15]
+    assert "NPU 15 (board 7, die 1) is not listed" in short[-1].detail
+
+
+def test_a_published_910b3_table_without_phy_ids_and_with_a_process_row():
+    """vllm-ascend#6512: one die per board (no Phy-ID column) and a process row that looks like a chip row."""
+    text = (PUBLISHED / "npu-smi-info-910b3.txt").read_text()
+    rows = nc.parse_npu_smi_info("node0", text, 0, 8, dies_per_board=1)
+    assert [(r.npu, r.ok) for r in rows] == [(i, True) for i in range(8)]
+    sick = text.replace("| 3     910B3               | OK  ", "| 3     910B3               | Alarm")
+    assert [r.npu for r in nc.parse_npu_smi_info("node0", sick, 0, 8, dies_per_board=1) if not r.ok] == [3]
+
+
+def test_firmware_version_from_a_published_board_query():
+    rows, value = hc.parse_version("node0", "firmware_version", (PUBLISHED / "npu-smi-board-910.txt").read_text(), 0)
+    assert value == "7.1.0.7.220" and rows[0].ok
+
+
+def test_ip_on_an_npu_without_a_preset_address_fails_with_the_tools_words():
+    """hicann/driver cmd.c's message (stderr), as users saw it on 910B3 hosts; rc unpublished, any non-zero."""
+    text = (PUBLISHED / "hccn_tool-ip-not-preset.txt").read_text()
+    (row,) = nc.HCCN_PARSERS["ip"]("node0", 4, text, 1)
+    assert not row.ok and "Get ipconf failed, because no ip was preset there!" in row.detail
+    assert nc.npu_ip(text) is None

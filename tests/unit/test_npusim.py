@@ -124,6 +124,20 @@ def test_faults_change_link_health_and_tls() -> None:
     assert hccn("-i", "0", "-net_health", "-g", faults=whole_node).out == "net health status: Fault\n"
 
 
+def test_a_site_without_roce_answers_the_hccs_plane_and_fails_the_roce_address_queries() -> None:
+    f = Faults.parse('{"no_roce": true}')
+    peer = BED.host("node2").npus[0]
+    for query in (["-ip", "-g"], ["-netdetect", "-g"], ["-gateway", "-g"], ["-ping", "-g", "address", peer.ip]):
+        got = hccn("-i", "3", *query, faults=f)
+        assert (got.rc, got.out) == (1, ""), query
+        assert got.err == (
+            "Get ipconf failed, because no ip was preset there!\n" if query[0] == "-ip" else "Command execute failed!\n"
+        )
+    assert hccn("-i", "3", "-vnic", "-g", faults=f).rc == 0
+    assert hccn("-i", "3", "-hccs_ping", "-g", "address", peer.vnic_ip, faults=f).rc == 0
+    assert hccn("-i", "3", "-ip", "-g").rc == 0  # healthy by default
+
+
 def test_ping_succeeds_between_hosts_unless_a_fault_says_otherwise() -> None:
     peer = BED.host("node2").npus[0]
     out = hccn("-i", "0", "-ping", "-g", "address", peer.ip).out.splitlines()
@@ -194,6 +208,7 @@ def test_npu_addresses_are_unique_across_a_16_host_bed() -> None:
         '{"tls_switch": 2}',
         '{"ping_loss": {"node1": 1.5}}',
         '{"unknown": 1}',
+        '{"no_roce": 1}',
         "{not json",
     ],
 )

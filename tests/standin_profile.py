@@ -1,0 +1,67 @@
+"""The local profile with the test bed's vLLM stand-in as its server: fast, and told to fail on demand.
+
+The serving environment given to the pipeline is a folder that is the REAL vLLM environment
+(its python, site-packages and k3deploy's marker, linked) except `bin/vllm`: `vllm serve` runs the
+stand-in (testbed/standin/vllm_standin.py), anything else (`vllm bench serve`, the image probe's
+imports) the real vLLM. So models (through the real hub client and the local hub), image, launch,
+smoke and bench all run for real, with a server that starts in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from k3deploy.localprofile.checkpoint import write_checkpoint
+from tests.vllm_env import VLLM
+
+ROOT = Path(__file__).parents[1]
+PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
+STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
+REAL_ENV = VLLM.parents[1]
+
+
+def standin_env(folder: Path) -> Path:
+    """A serving environment: the real one linked in, `bin/vllm` dispatching `serve` to the stand-in."""
+    (folder / "bin").mkdir(parents=True)
+    for item in REAL_ENV.iterdir() if REAL_ENV.is_dir() else ():  # without it, only `vllm serve` works
+        if item.name != "bin":
+            (folder / item.name).symlink_to(item)
+    for item in (REAL_ENV / "bin").iterdir() if REAL_ENV.is_dir() else ():
+        if item.name != "vllm":
+            (folder / "bin" / item.name).symlink_to(item)
+    script = folder / "bin" / "vllm"
+    script.write_text(
+        "#!/bin/sh\n# serve: the test bed's stand-in; anything else (bench): the real vLLM\n"
+        f'if [ "$1" = serve ]; then exec python3 {shlex.quote(str(STANDIN))} "$@"; fi\n'
+        f'exec {shlex.quote(str(VLLM))} "$@"\n'
+    )
+    script.chmod(0o755)
+    return folder
+
+
+def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = 18300, rpc_port: int = 13645) -> dict[str, Any]:
+    """The profile's data: stand-in server on `port`, checkpoints under tmp_path; `hub`: models downloads them
+    from a local hub of the test's own on `port` + 80."""
+    data = json.loads(json.dumps(PROFILE))
+    data["cluster"]["model_root"] = str(tmp_path / "models")
+    if hub:
+        data["models"]["local_hub"] |= {"root": str(tmp_path / "hub"), "port": port + 80}
+    else:
+        write_checkpoint(tmp_path / "models" / "tiny-kimi-k3")  # the tokenizer the real bench loads
+        del data["models"]["local_hub"]
+    data["image"]["environment"]["path"] = str(standin_env(tmp_path / "env"))
+    data["serve"] |= {
+        "service_port": port,
+        "rpc_port": rpc_port,
+        "process": {"state_dir": str(tmp_path / "serving")},
+        "readiness": {"timeout_s": 120, "poll_s": 0.5, "request_timeout_s": 10},
+    }
+    data["serve"]["env"] |= {"K3SIM_CONTROL_FILE": str(tmp_path / "control.json"), "K3SIM_STARTUP_S": "0.5"}
+    data["smoke"] = {"request_timeout_s": 5, "burst_requests": 4}
+    data["bench"] |= {"prefix_hit": False}
+    return data
