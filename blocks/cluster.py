@@ -62,6 +62,18 @@ class ClusterConfig(StrictBlock):
 
     _block_type_name = "k3deploy cluster"
 
+    name: Name | None = Field(
+        default=None,
+        description="The cluster's name. Runs on one cluster take turns (a Prefect concurrency limit "
+        "k3deploy-cluster-<name>); default: node 0's address and a hash of every node's.",
+    )
+    on_busy: Literal["enqueue", "refuse"] = Field(
+        default="enqueue",
+        description="When another run holds the cluster: wait for it (enqueue) or fail at once naming it (refuse).",
+    )
+    busy_timeout_s: float | None = Field(
+        default=None, gt=0, description="enqueue: give up after waiting this long; null waits as long as it takes."
+    )
     transport: Literal["ssh", "local"] = Field(
         default="ssh", description="ssh for real nodes; local runs every node's work on this machine."
     )

@@ -16,6 +16,7 @@ class Stage:
     needs: tuple[str, ...] = ()  # stages whose effect this one stands on
     cached: bool = False  # persisted result: a retry of validate does not run it again once it passed
     options: tuple[str, ...] = ()  # the flow's own parameters besides `config`
+    inputs: tuple[str, ...] = ()  # config sections a cached stage reads: a retry runs it again if they changed
 
     def load(self) -> Any:
         module, attribute = self.flow.split(":")
@@ -32,9 +33,26 @@ STAGES: tuple[Stage, ...] = (
         ("preflight",),
         True,
         ("download",),
+        ("cluster", "models"),
     ),
-    Stage("comm", "k3deploy.flows.comm:comm", "NPU links and cross-node pings", ("preflight",), True, ("fresh",)),
-    Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside", ("preflight",), True),
+    Stage(
+        "comm",
+        "k3deploy.flows.comm:comm",
+        "NPU links and cross-node pings",
+        ("preflight",),
+        True,
+        ("fresh",),
+        ("cluster", "serve"),
+    ),
+    Stage(
+        "image",
+        "k3deploy.flows.image:image",
+        "one image everywhere, Kimi-K3 support inside",
+        ("preflight",),
+        True,
+        (),
+        ("cluster", "image", "serve"),
+    ),
     # Never cached: what it starts is torn down at the end of every run.
     Stage(
         "launch",

@@ -1,27 +1,35 @@
-"""`validate`: the stages in sequence as subflows, teardown at the end, one run record.
+"""`validate`: the stages in sequence as subflows, teardown at the end, one run record and its report.
 
-Stages run one after another (concurrent subflows can pick up each other's results on a retry,
-Prefect issue #22259). Cached stages persist their results, so the UI's Retry of a failed run
-(the same flow run) does not execute again the stages that passed; preflight, launch and teardown
-always run.
+The top-level run holds the cluster (one run per cluster at a time). Stages run one after another
+(concurrent subflows can pick up each other's results on a retry, Prefect issue #22259). Cached
+stages (models, comm, image) run inside a task whose result persists once they passed, keyed by
+the run and the config sections they read: the UI's Retry of a failed run (the same flow run), or
+`k3deploy rerun RUN_ID`, does not execute them again unless those inputs changed; preflight,
+launch and what follows always run.
 """
 
+import hashlib
+import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
 from prefect import flow, runtime, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
-from pydantic import Field
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.blocks.source import ConfigSource, resolve_config
+from k3deploy.blocks.source import resolve_config
+from k3deploy.cluster_lock import hold_cluster
 from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, select
-from k3deploy.record import RunRecord, build_record, write_record
+from k3deploy.record import RunRecord, build_record, public_config, write_record
+from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.stage import StageResult, Verdict, now
+from k3deploy.tasks.run_report import write_report
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
 
@@ -34,12 +42,41 @@ def _tell(stage: str, result: StageResult | None) -> None:
         listener(stage, result)
 
 
-def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any]) -> StageResult:
+def stage_inputs_key(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> str:
+    """This run, this stage and what it reads: a retry of the run skips the stage only if these are the same."""
+    public = public_config(cfg)
+    inputs = {section: public.get(section) for section in stage.inputs}
+    inputs["options"] = {k: v for k, v in options.items() if k in stage.options}
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"k3deploy-stage-{run_id}-{stage.name}-{digest}"
+
+
+def _stage_key(_context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    return str(parameters["key"])
+
+
+@task(name="passed stage", task_run_name="{name}", cache_key_fn=_stage_key, persist_result=True)
+def passed_stage(name: str, cfg: DeploymentConfig, options: dict[str, Any], key: str) -> StageResult:
+    """A cached stage as a subflow inside a task whose result persists only when it passed: on a Retry of
+    the validate run the task is a cache hit and the stage does not run again (a failure raises, uncached)."""
+    return BY_NAME[name].load()(config=cfg, **options)
+
+
+def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> StageResult:
     """One stage as a subflow; a failure comes back as its StageResult (the subflow run is Failed)."""
     _tell(stage.name, None)
     started = now()
+    chosen = {k: v for k, v in options.items() if k in stage.options}
     try:
-        result = stage.load()(config=cfg, **{k: v for k, v in options.items() if k in stage.options})
+        if stage.cached:
+            state = passed_stage(
+                stage.name, cfg, chosen, stage_inputs_key(stage, cfg, options, run_id), return_state=True
+            )
+            result = state.result()
+            if state.name == "Cached":
+                get_run_logger().info("%s passed in an earlier attempt of this run with the same inputs", stage.name)
+        else:
+            result = stage.load()(config=cfg, **chosen)
     except StageFailed as err:
         result = err.result
     except K3DeployError as err:  # a stage that failed before it could gather findings
@@ -60,39 +97,62 @@ def record_run(record: RunRecord) -> str:
         for s in record.stages
     ]
     create_table_artifact(rows, key="validate-stages", description=f"run {record.run_id}: {record.verdict}")
-    lines = [f"# validate: {record.verdict.upper()}", "", f"run record: `{path.resolve()}`", ""]
-    lines += [f"- **{r['stage']}** {r['verdict']} in {r['seconds']} s: {r['summary']}" for r in rows]
-    create_markdown_artifact("\n".join(lines) + "\n", key="validate-record", description="run verdict and record")
     return str(path)
+
+
+AS_CONFIGURED_DRAFT = DraftChoice(AS_CONFIGURED)
+CONFIGURED_BENCH = BenchOptions()
 
 
 @flow(name="validate")
 def validate(
-    config: Annotated[
-        ConfigSource, Field(description="Deployment YAML path, or the name of a saved DeploymentConfig block.")
-    ],
-    only: Annotated[
-        list[StageName] | None,
-        Field(description="Run just these stages (preflight always runs first)."),
-    ] = None,
-    from_stage: Annotated[
-        StageName | None,
-        Field(description="Run from this stage on (preflight always runs first)."),
-    ] = None,
-    keep_serving: Annotated[bool, Field(description="Leave the service running instead of tearing it down.")] = False,
-    fresh: Annotated[bool, Field(description="Run cached checks (comm) again even when a pass is recent.")] = False,
-    download: Annotated[bool, Field(description="Download missing or bad checkpoint files (else fail).")] = True,
+    config: str,
+    only: list[StageName] | None = None,
+    from_stage: StageName | None = None,
+    draft: DraftChoice = AS_CONFIGURED_DRAFT,
+    bench: BenchOptions = CONFIGURED_BENCH,
+    keep_serving: bool = False,
+    fresh: bool = False,
+    download: bool = True,
 ) -> dict[str, Any]:
-    """preflight → … → launch → smoke → bench → accuracy → teardown, then the run record; fails naming the stage."""
-    cfg = resolve_config(config)
-    logger = get_run_logger()
+    """preflight → … → launch → smoke → bench → accuracy → teardown, then the run record and the report.
+
+    Args:
+        config: The name of a saved DeploymentConfig block, or a deployment YAML path on the worker.
+        only: Run just these stages (preflight always runs first, teardown last).
+        from_stage: Run from this stage on (preflight always runs first).
+        draft: The DSpark draft to serve with: as configured, none, or one of the known drafts.
+        bench: This run's bench workloads, concurrency sweep and a baseline run to compare with.
+        keep_serving: Leave the service running at the end instead of tearing it down.
+        fresh: Run cached checks (comm) again even when a pass is recent.
+        download: Download missing or bad checkpoint files (else fail).
+    """
+    cfg = apply_options(resolve_config(config), str(draft), bench)
     run_id = str(runtime.flow_run.id)
-    started = now()
     try:
         chosen = select([str(s) for s in only] if only else None, str(from_stage) if from_stage else None)
     except ValueError as err:
         raise ValidateFailed(str(err)) from None
-    options = {"fresh": fresh, "download": download}
+    # The top-level run holds the cluster; a validate called as a subflow runs under its parent's turn.
+    top_level = runtime.flow_run.parent_flow_run_id is None
+    turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
+    with turn:
+        started = now()
+        results = run_stages(chosen, cfg, {"fresh": fresh, "download": download}, run_id, keep_serving)
+        record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
+        path = record_run(record)
+    report = write_report(record, bench.baseline_run)
+    get_run_logger().info("run record: %s; report: %s", path, report["report"])
+    failed = _first_failure(results)
+    if failed is not None:
+        raise ValidateFailed(f"validate failed at {failed.stage}: {failed.reason or failed.summary}")
+    return {"run_id": run_id, "verdict": record.verdict, "record": path, **report}
+
+
+def run_stages(
+    chosen: list[Stage], cfg: DeploymentConfig, options: dict[str, Any], run_id: str, keep_serving: bool
+) -> list[StageResult]:
+    """The chosen stages in order (skipped after a failure), then teardown unless the service stays up."""
     results: list[StageResult] = []
     for stage in chosen:
         failed = _first_failure(results)
@@ -100,15 +160,9 @@ def validate(
             reason = f"not run: {failed.stage} failed"
             results.append(StageResult(stage=stage.name, verdict=Verdict.SKIPPED, reason=reason))
         else:
-            results.append(run_stage(stage, cfg, options))
+            results.append(run_stage(stage, cfg, options, run_id))
     if keep_serving and _first_failure(results) is None:
         results.append(StageResult(stage=FINAL, verdict=Verdict.SKIPPED, reason="keep_serving: the service is left up"))
     else:
-        results.append(run_stage(BY_NAME[FINAL], cfg, {}))
-    record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
-    path = record_run(record)
-    logger.info("run record: %s", path)
-    failed = _first_failure(results)
-    if failed is not None:
-        raise ValidateFailed(f"validate failed at {failed.stage}: {failed.reason or failed.summary}")
-    return {"run_id": run_id, "verdict": record.verdict, "record": path}
+        results.append(run_stage(BY_NAME[FINAL], cfg, {}, run_id))
+    return results

@@ -138,10 +138,8 @@ def run(
     _config(config)
     _set_runs_dir(runs_dir)
     with _prefect() as info:
-        from k3deploy.cli_output import StageProgress, print_record
+        from k3deploy.cli_output import StageProgress
         from k3deploy.flows.validate import LISTENERS, validate
-        from k3deploy.record import RECORD_NAME, read_record
-        from k3deploy.record import runs_dir as runs_dir_now
 
         LISTENERS.append(StageProgress(err))
         state = validate(
@@ -153,51 +151,95 @@ def run(
             download=not no_download,
             return_state=True,
         )
-    run_id = str(state.state_details.flow_run_id)
+    _print_run(str(state.state_details.flow_run_id), state, info.ui)
+
+
+def _print_run(run_id: str, state: Any, ui: str) -> None:
+    """The run's stage table, where its record and report are, and exit 1 unless it passed."""
+    from k3deploy.cli_output import print_record
+    from k3deploy.record import RECORD_NAME, read_record
+    from k3deploy.record import runs_dir as runs_dir_now
+
     try:
         record = read_record(run_id)
     except K3DeployError:
         state.result()  # no record: the run failed before it could write one; raise why
         raise
+    folder = (runs_dir_now() / run_id).resolve()
     out.print()
     print_record(out, record)
-    out.print(f"run record: {(runs_dir_now() / run_id / RECORD_NAME).resolve()}")
-    out.print(f"Prefect UI: {info.ui}/runs/flow-run/{run_id}")
+    out.print(f"run record: {folder / RECORD_NAME}")
+    if (folder / "report.html").exists():
+        out.print(f"report: {folder / 'report.html'}")
+    out.print(f"Prefect UI: {ui}/runs/flow-run/{run_id}")
     if record.verdict != "pass":
         raise typer.Exit(1)
 
 
 @app.command()
 def rerun(
-    config: ConfigPath,
-    stage: Annotated[str, typer.Argument(help="The stage to run again (see `k3deploy run --help`).")],
+    target: Annotated[
+        str, typer.Argument(help="With -c: the stage to run again. Without: a validate run's id to retry.")
+    ],
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Deployment YAML or saved block: run the stage TARGET again alone."),
+    ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="comm: run the checks even if a pass is recent.")] = False,
     no_download: Annotated[bool, typer.Option("--no-download", help="models: fail instead of downloading.")] = False,
     teardown_after: Annotated[bool, typer.Option("--teardown-after", help="launch: remove it once ready.")] = False,
     fmt: FormatOption = Format.text,
     runs_dir: RunsDir = None,
 ) -> None:
-    """Run one stage again; verified work of earlier runs is reused (cached tasks, node manifests)."""
+    """Retry a finished validate run (the UI's Retry), or with -c run one stage again.
+
+    `k3deploy rerun RUN_ID` runs the same flow run again: the stages that passed with the same inputs are
+    not executed again, the failed one and what follows are. `k3deploy rerun -c site.yaml STAGE` runs one
+    stage alone; verified work of earlier runs is reused (cached tasks, node manifests).
+    """
+    _set_runs_dir(runs_dir)
+    if config is None:
+        _retry(target)
+        return
     from k3deploy.flows.registry import stage as find
 
     try:
-        chosen = find(stage)
+        chosen = find(target)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     _config(config)
-    _set_runs_dir(runs_dir)
     options = {"fresh": fresh, "download": not no_download, "teardown_after": teardown_after}
     _run_one(chosen.name, _source(config), {k: v for k, v in options.items() if k in chosen.options}, fmt)
 
 
+def _retry(run: str) -> None:
+    with _prefect() as info:
+        from k3deploy.cli_output import StageProgress
+        from k3deploy.flows.validate import LISTENERS
+        from k3deploy.rerun import retry
+
+        LISTENERS.append(StageProgress(err))
+        state = retry(run, on_state=err.print)
+    _print_run(str(state.state_details.flow_run_id), state, info.ui)
+
+
 def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> None:
+    from k3deploy.blocks.source import resolve_config
+    from k3deploy.flows.registry import FINAL
     from k3deploy.flows.registry import stage as find
 
     with _prefect():
-        try:
-            result: StageResult = find(name).load()(config=source, **options)
-        except StageFailed as failed:
-            result = failed.result
+        # A stage run alone takes the cluster as validate does; teardown is a clean-up, safe any time.
+        turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if name != FINAL:
+            from k3deploy.cluster_lock import hold_cluster
+
+            turn = hold_cluster(resolve_config(source).cluster, None, f"k3deploy rerun {name} (pid {os.getpid()})")
+        with turn:
+            try:
+                result: StageResult = find(name).load()(config=source, **options)
+            except StageFailed as failed:
+                result = failed.result
     if fmt is Format.json:
         typer.echo(result.model_dump_json(indent=2))
     else:
@@ -206,6 +248,35 @@ def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> No
         print_stage_result(out, result)
     if not result.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+def deploy(
+    config: Annotated[
+        str, typer.Option("--config", "-c", help="A saved DeploymentConfig block, or a YAML path the workers read.")
+    ],
+    pool: Annotated[str, typer.Option("--pool", help="The process work pool (created if missing).")] = "k3deploy",
+    cron: Annotated[str, typer.Option("--cron", help="When the nightly validate runs.")] = "30 1 * * *",
+    timezone: Annotated[str, typer.Option("--timezone", help="The cron's time zone (IANA name).")] = "UTC",
+    runs_dir: RunsDir = None,
+) -> None:
+    """Create or update the work pool and the deployments: nightly, validate, stage-<name>, teardown.
+
+    Their runs start in this folder (relative config paths resolve as here) and keep their records in
+    this runs store; workers on other hosts need both paths, shared.
+    """
+    _set_runs_dir(runs_dir)
+    source = config
+    if source.endswith((".yaml", ".yml")) or "/" in source:
+        source = str(Path(source).resolve())
+        _config(Path(source))
+    with _prefect() as info:
+        from k3deploy.deployments.definitions import apply
+
+        created = apply(source, pool, cron, timezone)
+    for name, deployment_id in created.items():
+        out.print(f"{name}: {info.ui}/deployments/deployment/{deployment_id}", soft_wrap=True)
+    out.print(f"start a worker: PREFECT_API_URL={info.url} prefect worker start --pool {pool}", soft_wrap=True)
 
 
 @app.command()
@@ -233,19 +304,44 @@ def runs(runs_dir: RunsDir = None) -> None:
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix), from `k3deploy runs`.")],
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Judge its bench and accuracy figures against baselines and history.")
+    ] = False,
+    last: Annotated[int, typer.Option("--last", help="--compare: how many earlier passing runs to judge by.")] = 10,
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="--compare: also against this run's figures.")
+    ] = None,
     fmt: FormatOption = Format.text,
     runs_dir: RunsDir = None,
 ) -> None:
-    """Show a run's record as a readable summary (`--format json`: the record itself)."""
-    from k3deploy.cli_output import print_record
+    """Show a run's record as a summary; --compare gives PASS / REGRESSED / INCONCLUSIVE per figure.
+
+    --compare also writes the run's report.html, report.md and comparison.json again; it exits 1 when a
+    figure REGRESSED.
+    """
+    from k3deploy.cli_output import print_comparison, print_record
     from k3deploy.record import read_record
+    from k3deploy.record import runs_dir as store
 
     _set_runs_dir(runs_dir)
     record = read_record(run_id)
+    if not compare:
+        if fmt is Format.json:
+            typer.echo(record.model_dump_json(indent=2))
+        else:
+            print_record(out, record)
+        return
+    from k3deploy.history import Verdict
+    from k3deploy.tasks.run_report import REPORT_HTML, write_report_files
+
+    comparison, _links, _md = write_report_files(record, store(), last, baseline)
     if fmt is Format.json:
-        typer.echo(record.model_dump_json(indent=2))
+        typer.echo(json.dumps(comparison.as_dict(), indent=2))
     else:
-        print_record(out, record)
+        print_comparison(out, comparison)
+        out.print(f"report: {(store() / record.run_id / REPORT_HTML).resolve()}")
+    if comparison.verdict is Verdict.REGRESSED:
+        raise typer.Exit(1)
 
 
 @server_app.command("status")

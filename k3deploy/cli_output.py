@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from k3deploy.history import Comparison
 from k3deploy.record import RunRecord
 from k3deploy.stage import StageResult, Verdict, failure_lines
 
@@ -90,3 +91,23 @@ def print_record(console: Console, record: RunRecord) -> None:
         console.print(f"{row['node']}: {facts}", markup=False, highlight=False)
     for node, key in record.host_keys.items():
         console.print(f"host key {node}: {key}")
+
+
+COMPARISON_STYLES = {"PASS": "green", "REGRESSED": "bold red", "INCONCLUSIVE": "yellow"}
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    """The regression verdict, one row per figure, and what changed since the last pass."""
+    style = COMPARISON_STYLES[comparison.verdict.value]
+    console.print(
+        f"run {comparison.run_id}: [{style}]{comparison.verdict.value}[/] against "
+        f"{len(comparison.history_runs)} earlier passing run(s) of config family {comparison.family}"
+    )
+    table = Table("figure", "value", "verdict", "why")
+    for m in comparison.metrics:
+        table.add_row(m.key, f"{m.value:.4g}", f"[{COMPARISON_STYLES[m.verdict.value]}]{m.verdict.value}[/]", m.reason)
+    console.print(table)
+    if comparison.changes:
+        console.print(f"changed since the last pass ({comparison.last_pass}):")
+        for change in comparison.changes:
+            console.print(f"  {change}", markup=False, highlight=False)

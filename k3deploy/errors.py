@@ -27,6 +27,26 @@ class ConfigError(K3DeployError):
         super().__init__("invalid configuration\n  " + "\n  ".join(self.lines))
 
 
+class TeardownIncomplete(K3DeployError):
+    """Teardown removed what it could; some nodes were not cleared (unreachable, untrusted, or a server stuck)."""
+
+    def __init__(self, removed: dict[str, list[str]], problems: dict[str, str]) -> None:
+        self.removed, self.problems = removed, problems
+        lines = [f"{node}: {why}" for node, why in problems.items()]
+        done = sum(map(len, removed.values()))
+        super().__init__(
+            f"teardown incomplete on {len(problems)} node(s) ({done} removed elsewhere); run it again once they "
+            "are reachable:\n  " + "\n  ".join(lines)
+        )
+
+    def __reduce__(self) -> tuple[type[TeardownIncomplete], tuple[dict[str, list[str]], dict[str, str]]]:
+        return (type(self), (self.removed, self.problems))
+
+
+class ClusterBusy(K3DeployError):
+    """Another run holds the cluster (and this one was told to refuse, or waited long enough)."""
+
+
 class NodeError(K3DeployError):
     """Something went wrong on one node; the message starts with the node's name."""
 
@@ -84,6 +104,10 @@ class StageFailed(K3DeployError):
         lines = failure_lines(result.findings)
         head = f"{result.stage} failed: {result.reason or result.summary or 'see its findings'}"
         super().__init__(head + "".join(f"\n  {line}" for line in lines if line not in head))
+
+    def __reduce__(self) -> tuple[type[StageFailed], tuple[StageResult]]:
+        # Prefect may persist a failed task's exception: unpickled, it must still carry its result.
+        return (type(self), (self.result,))
 
 
 class PreflightFailed(StageFailed):

@@ -1,0 +1,102 @@
+"""The deployments, one source of truth: nightly validate, validate from the UI, one per stage, teardown.
+
+Every deployment runs the installed package's flows by module path on a `process` work pool, so a
+worker host needs only `pip install` of this repository; the deployment config is a saved block's
+name (or a YAML path on the workers). Read from the stage registry, like the CLI and `validate`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
+
+from prefect import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.deployments.runner import EntrypointType
+from prefect.exceptions import ObjectNotFound
+from prefect.schedules import Cron
+from prefect.workers.process import ProcessWorker
+
+from k3deploy.flows.registry import FINAL, STAGES
+from k3deploy.flows.teardown import teardown
+from k3deploy.flows.validate import validate
+from k3deploy.record import runs_dir
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+
+POOL = "k3deploy"
+NIGHTLY_CRON = "30 1 * * *"
+TAGS = ["k3deploy"]
+
+
+def deployments(
+    config: str, cron: str = NIGHTLY_CRON, timezone: str = "UTC", where: Path | None = None, runs: Path | None = None
+) -> list[RunnerDeployment]:
+    """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), teardown.
+
+    A process worker runs each flow in a scratch folder: the runs start in `where` (relative paths of the
+    config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
+    """
+    where = (where or Path.cwd()).resolve()
+    runs = (runs or runs_dir()).resolve()
+    job = {"working_dir": str(where), "env": {"K3DEPLOY_RUNS_DIR": str(runs)}}
+    common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
+    out = [
+        validate.to_deployment(
+            "nightly",
+            schedules=[Cron(cron, timezone=timezone)],
+            parameters={"config": config},
+            description=f"The whole pipeline every night ({cron}, {timezone}): record, report, comparison.",
+            **common,
+        ),
+        validate.to_deployment(
+            "validate",
+            parameters={"config": config},
+            description="The whole pipeline on demand; the form picks stages, draft, bench options.",
+            **common,
+        ),
+    ]
+    for stage in STAGES:
+        if stage.name == FINAL:
+            continue
+        out.append(
+            validate.to_deployment(
+                f"stage-{stage.name}",
+                parameters={"config": config, "only": [stage.name], "keep_serving": True},
+                description=f"{stage.name} alone (after preflight), leaving a running service up: {stage.summary}.",
+                **common,
+            )
+        )
+    out.append(
+        teardown.to_deployment(
+            "teardown",
+            parameters={"config": config},
+            description="Remove this config's containers on every node; safe to repeat, needs no lock.",
+            **common,
+        )
+    )
+    return cast("list[RunnerDeployment]", out)
+
+
+def ensure_pool(name: str = POOL) -> None:
+    """A `process` work pool of that name (created with Prefect's default job template if missing)."""
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(name)
+        except ObjectNotFound:
+            template = ProcessWorker.get_default_base_job_template()
+            client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
+            return
+    if pool.type != "process":
+        raise ValueError(f"work pool {name!r} is of type {pool.type!r}; k3deploy deploys to a process pool")
+
+
+def apply(
+    config: str, pool: str = POOL, cron: str = NIGHTLY_CRON, timezone: str = "UTC", runs: Path | None = None
+) -> dict[str, UUID]:
+    """Create or update the pool and every deployment; deployment name → id."""
+    ensure_pool(pool)
+    made = deployments(config, cron, timezone, runs=runs)
+    return {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}

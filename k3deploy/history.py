@@ -1,0 +1,258 @@
+"""Regression verdicts: a run's bench and accuracy figures against its baselines and its own history.
+
+Pure functions over run records. A figure is judged against the run-to-run spread of the last
+passing runs of the same config family: within the spread is not a regression, however much it
+moved; beyond everything seen before is, and then the verdict names what changed in provenance
+(image, versions, checkpoint commits, config keys) since the last pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from k3deploy.record import RunRecord
+
+MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
+MAD_FACTOR = 3.0  # tolerance = MAD_FACTOR × 1.4826 × MAD (a robust 3 sigma) ...
+RELATIVE_FLOOR = 0.03  # ... but never tighter than 3 % of the median
+# The figures judged against history: throughputs and mean latencies. A p99 over a bench's few dozen
+# prompts is the worst one or two of them, and inter-token gaps are scheduler jitter: on the recorded
+# history (tests/data/history) they alone swung beyond every earlier run with nothing changed. They stay in
+# the record and the report's tables, and a `bench.baselines` entry still judges any of them.
+BENCH_METRICS = (
+    "output_throughput",
+    "request_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "mean_e2el_ms",
+)
+# What defines "the same deployment" across runs; everything else a regression may be blamed on.
+FAMILY_KEYS = (
+    "cluster.nodes",
+    "models.target.repo",
+    "serve.served_model_name",
+    "serve.data_parallel_size",
+    "serve.tensor_parallel_size",
+    "serve.expert_parallel_size",
+    "bench.random_input_len",
+    "bench.random_output_len",
+    "bench.num_prompts",
+)
+IGNORED_KEYS = ("cluster.ssh", "image.registry", "models.hub_token")  # credentials and how we log in
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    REGRESSED = "REGRESSED"
+    INCONCLUSIVE = "INCONCLUSIVE"
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str  # "bench random c4 output_throughput", "accuracy lm_eval k3_arith exact_match"
+    value: float
+    higher_is_better: bool
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    key: str
+    value: float
+    verdict: Verdict
+    reason: str
+    median: float | None = None
+    low: float | None = None  # the band a value may fall in without being a regression
+    high: float | None = None
+    history: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run_id: str
+    family: str
+    verdict: Verdict
+    metrics: list[MetricVerdict]
+    history_runs: list[str]  # the earlier passing runs judged against, oldest first
+    changes: list[str] = field(default_factory=list)  # provenance changed since the last pass
+    last_pass: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "family": self.family,
+            "verdict": self.verdict.value,
+            "history_runs": self.history_runs,
+            "last_pass": self.last_pass,
+            "changes": self.changes,
+            "metrics": [m.__dict__ | {"verdict": m.verdict.value, "history": list(m.history)} for m in self.metrics],
+        }
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(part)  # type: ignore[assignment]
+    return data
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"serve": {"max_num_seqs": 4}} → {"serve.max_num_seqs": 4}; lists stay values."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def family(record: RunRecord) -> str:
+    """Short hash of what makes runs comparable: the nodes, the model, the topology, the bench shape."""
+    picked = {key: _get(record.config, key) for key in FAMILY_KEYS}
+    blob = json.dumps(picked, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def figures(record: RunRecord) -> dict[str, Figure]:
+    """Every tracked figure of a run: bench metrics per workload and concurrency, accuracy scores."""
+    out: dict[str, Figure] = {}
+    bench = record.stage("bench")
+    for run in bench.data.get("runs", []) if bench else []:
+        for metric in BENCH_METRICS:
+            value = run.get("figures", {}).get(metric)
+            if isinstance(value, int | float):
+                key = f"bench {run['workload']} c{run['concurrency']} {metric}"
+                out[key] = Figure(key, float(value), not metric.endswith("_ms"))
+    accuracy = record.stage("accuracy")
+    for score in accuracy.data.get("scores", []) if accuracy else []:
+        key = f"accuracy {score['evaluator']} {score['dataset']} {score['metric']}"
+        out[key] = Figure(key, float(score["score"]), True)
+    return out
+
+
+def provenance(record: RunRecord) -> dict[str, str]:
+    """What a regression can be blamed on: image, versions, checkpoint commits, every config key."""
+    out: dict[str, str] = {}
+    if record.image is not None:
+        out["image digest"] = record.image.digest or record.image.image_id
+        out |= {f"{name} version": v for name, v in sorted(record.image.versions.items())}
+        if record.image.source_revision:
+            out["image source revision"] = record.image.source_revision
+    out |= {f"{c.role} checkpoint commit": c.commit for c in record.checkpoints}
+    for key, value in flatten(record.config).items():
+        if not key.startswith(IGNORED_KEYS) and key not in FAMILY_KEYS:
+            out[f"config {key}"] = json.dumps(value, default=str)
+    return out
+
+
+def changes_between(before: RunRecord, after: RunRecord) -> list[str]:
+    """'what: old → new' for every provenance item that differs."""
+    old, new = provenance(before), provenance(after)
+    return [
+        f"{k}: {old.get(k, '(none)')} → {new.get(k, '(none)')}"
+        for k in sorted(old.keys() | new.keys())
+        if old.get(k) != new.get(k)
+    ]
+
+
+def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
+    """One figure against the same figure in earlier passing runs (oldest first)."""
+    if len(history) < MIN_HISTORY:
+        why = f"only {len(history)} earlier passing run(s) with this figure; {MIN_HISTORY} needed to know its spread"
+        return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, history=tuple(history))
+    median = statistics.median(history)
+    mad = statistics.median(abs(v - median) for v in history)
+    tolerance = max(MAD_FACTOR * 1.4826 * mad, RELATIVE_FLOOR * abs(median))
+    low, high = median - tolerance, median + tolerance
+    worse = (median - figure.value) if figure.higher_is_better else (figure.value - median)
+    worst_seen = min(history) if figure.higher_is_better else max(history)
+    change = (figure.value - median) / median * 100 if median else 0.0
+    past = tuple(history)
+    if worse <= tolerance:
+        why = f"{change:+.1f} % from the median of {len(history)} runs, within their spread (±{tolerance:.4g})"
+        return MetricVerdict(figure.key, figure.value, Verdict.PASS, why, median, low, high, past)
+    beyond = figure.value < worst_seen if figure.higher_is_better else figure.value > worst_seen
+    if beyond:
+        why = f"{change:+.1f} % from the median, worse than every one of {len(history)} earlier runs ({worst_seen:.4g})"
+        return MetricVerdict(figure.key, figure.value, Verdict.REGRESSED, why, median, low, high, past)
+    why = f"{change:+.1f} % from the median, outside the spread but not beyond the worst earlier run ({worst_seen:.4g})"
+    return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, median, low, high, past)
+
+
+def judge_baseline(figure: Figure, value: float, threshold: float, source: str) -> MetricVerdict:
+    """A figure against a fixed baseline: ≥ threshold × value (throughput, scores), ≤ (latency)."""
+    bound = threshold * value
+    ok = figure.value >= bound if figure.higher_is_better else figure.value <= bound
+    side = "≥" if figure.higher_is_better else "≤"
+    why = f"{figure.value:.4g} {'meets' if ok else 'misses'} {source}: {side} {threshold:g} × {value:.4g} = {bound:.4g}"
+    return MetricVerdict(figure.key, figure.value, Verdict.PASS if ok else Verdict.REGRESSED, why)
+
+
+def comparable(record: RunRecord, candidates: Iterable[RunRecord], last: int) -> list[RunRecord]:
+    """The last `last` passing runs of the same family that started before `record`, oldest first."""
+    mine = family(record)
+    earlier = [
+        r
+        for r in candidates
+        if r.run_id != record.run_id and r.verdict == "pass" and r.started_at < record.started_at and family(r) == mine
+    ]
+    return sorted(earlier, key=lambda r: r.started_at)[-last:] if last > 0 else []
+
+
+def compare(
+    record: RunRecord, candidates: Iterable[RunRecord], last: int = 10, baseline: RunRecord | None = None
+) -> Comparison:
+    """The run's figures against the config's baselines, an optional baseline run and its history."""
+    history = comparable(record, candidates, last)
+    series = [figures(r) for r in history]
+    base_figures = figures(baseline) if baseline is not None else {}
+    verdicts: list[MetricVerdict] = []
+    for key, figure in sorted(figures(record).items()):
+        verdicts.append(judge(figure, [s[key].value for s in series if key in s]))
+        if key in base_figures:
+            spread = verdicts[-1]
+            factor = 1 + RELATIVE_FLOOR if not figure.higher_is_better else 1 - RELATIVE_FLOOR
+            if spread.median:
+                factor = (spread.low if figure.higher_is_better else spread.high) / spread.median  # type: ignore[operator]
+            verdicts.append(
+                judge_baseline(figure, base_figures[key].value, factor, f"baseline run {baseline.run_id[:8]}")  # type: ignore[union-attr]
+            )
+        verdicts += _config_baselines(record, figure)
+    overall = Verdict.PASS
+    if any(v.verdict is Verdict.REGRESSED for v in verdicts):
+        overall = Verdict.REGRESSED
+    elif any(v.verdict is Verdict.INCONCLUSIVE for v in verdicts) or not verdicts:
+        overall = Verdict.INCONCLUSIVE
+    last_pass = history[-1] if history else None
+    changes = changes_between(last_pass, record) if last_pass is not None else []
+    if overall is Verdict.REGRESSED and last_pass is not None and not changes:
+        changes = [f"nothing in the provenance changed since run {last_pass.run_id}: look at the nodes themselves"]
+    return Comparison(
+        run_id=record.run_id,
+        family=family(record),
+        verdict=overall,
+        metrics=verdicts,
+        history_runs=[r.run_id for r in history],
+        changes=changes,
+        last_pass=last_pass.run_id if last_pass else None,
+    )
+
+
+def _config_baselines(record: RunRecord, figure: Figure) -> list[MetricVerdict]:
+    """The `bench.baselines` of the run's own config that apply to this figure."""
+    out = []
+    for base in _get(record.config, "bench.baselines") or []:
+        parts = figure.key.split(" ")
+        if parts[0] != "bench" or parts[3] != base["metric"] or parts[1] != base.get("workload", "random"):
+            continue
+        if base.get("concurrency") not in (None, int(parts[2][1:])):
+            continue
+        out.append(judge_baseline(figure, float(base["value"]), float(base.get("threshold", 0.9)), "bench.baselines"))
+    return out

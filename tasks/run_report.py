@@ -1,0 +1,71 @@
+"""The report of a run, written beside its record and published: Markdown artifact, HTML file, link.
+
+The comparison reads the runs store (`$K3DEPLOY_RUNS_DIR`): workers on several hosts must share it,
+as they share Prefect's result storage, for history and reruns to see every run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from k3deploy.errors import K3DeployError
+from k3deploy.history import Comparison, compare
+from k3deploy.record import RECORD_NAME, RunRecord, list_records, read_record, runs_dir
+from k3deploy.report import html_page, markdown
+
+HISTORY_RUNS = 10
+REPORT_HTML, REPORT_MD, COMPARISON = "report.html", "report.md", "comparison.json"
+
+
+def render_report(
+    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None
+) -> tuple[Comparison, dict[str, str], str, str]:
+    """The comparison with history (and a baseline run), the links, the Markdown and the HTML."""
+    candidates = list_records(root)
+    baseline = read_record(baseline_run, root) if baseline_run else None
+    comparison = compare(record, candidates, last, baseline)
+    folder = (root / record.run_id).resolve()
+    links = {
+        "HTML report": (folder / REPORT_HTML).as_uri(),
+        "run record": (folder / RECORD_NAME).as_uri(),
+        "logs": (folder / "logs").as_uri(),
+        "comparison": (folder / COMPARISON).as_uri(),
+    }
+    history = [r for r in candidates if r.run_id in comparison.history_runs]
+    return comparison, links, markdown(record, comparison, links), html_page(record, comparison, history, links)
+
+
+def write_report_files(
+    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None
+) -> tuple[Comparison, dict[str, str], str]:
+    """report.html, report.md and comparison.json in the run's folder."""
+    comparison, links, md, page = render_report(record, root, last, baseline_run)
+    folder = root / record.run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / REPORT_HTML).write_text(page)
+    (folder / REPORT_MD).write_text(md)
+    (folder / COMPARISON).write_text(json.dumps(comparison.as_dict(), indent=1) + "\n")
+    return comparison, links, md
+
+
+@task(name="write report", cache_policy=NO_CACHE)
+def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str, str]:
+    """Compare with the history, write the report files, publish the Markdown and a link to the HTML."""
+    logger = get_run_logger()
+    try:
+        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, baseline_run)
+    except K3DeployError as err:  # e.g. an unknown baseline run: the report says so, the run stands
+        logger.warning("report without the baseline run: %s", err)
+        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, None)
+    create_markdown_artifact(md, key="validate-report", description=f"run {record.run_id}: {record.verdict}")
+    create_link_artifact(
+        links["HTML report"], link_text=f"report of run {record.run_name or record.run_id}", key="validate-report-html"
+    )
+    logger.info("regression verdict %s over %d earlier runs", comparison.verdict.value, len(comparison.history_runs))
+    return {"report": links["HTML report"], "comparison": comparison.verdict.value}

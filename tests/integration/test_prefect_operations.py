@@ -1,0 +1,206 @@
+"""Prefect-native operations against a real Prefect server: deployments executed by a real process
+worker, one run per cluster (enqueued or refused), the UI's parameter form, and the Retry of a failed
+validate run that does not execute again the stages that passed.
+
+The server is the session's temporary Prefect server; the worker is `prefect worker start` in its own
+process, running each flow run in a process of its own, as in production. The serving side is the
+stand-in profile (tests/standin_profile.py): the real hub client, the real vLLM environment's tools,
+the stand-in for `vllm serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
+from prefect.variables import Variable
+
+from k3deploy.blocks.loader import load_config
+from k3deploy.cluster_lock import lock_name
+from k3deploy.deployments.definitions import apply, ensure_pool
+from k3deploy.flows.teardown import teardown
+from k3deploy.flows.validate import validate
+from k3deploy.record import read_record
+from k3deploy.rerun import retry
+from tests.bedconfig import write_config
+from tests.ports import port_free
+from tests.standin_profile import standin_profile
+from tests.vllm_env import needs_vllm_env
+
+pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env, pytest.mark.usefixtures("runs_dir")]
+FINISHED = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 240) -> Any:
+    """Poll an observable condition until it holds; fail naming it at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not (got := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
+    return got
+
+
+def flow_run(run_id: UUID) -> FlowRun:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def finished(run_id: UUID, timeout: float = 300) -> FlowRun:
+    return wait_for(f"run {run_id} to finish", lambda: (r := flow_run(run_id)).state.type in FINISHED and r, timeout)
+
+
+def children(run_id: UUID) -> list[FlowRun]:
+    """The stage subflow runs of a validate run."""
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id]))
+        )
+
+
+def task_runs(run_id: UUID) -> list[tuple[str, str]]:
+    """(task run name, state name) of a flow run, oldest first."""
+    from prefect.client.schemas.filters import FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return [(r.name, r.state.name) for r in sorted(runs, key=lambda r: r.expected_start_time)]
+
+
+@pytest.fixture
+def worker(prefect_server: Path, tmp_path: Path) -> Iterator[str]:
+    """A real `prefect worker start` on a fresh process pool; its flow runs write to this test's runs store."""
+    pool = f"k3d-test-{uuid4().hex[:6]}"
+    ensure_pool(pool)
+    env = os.environ | {
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PREFECT_LOCAL_STORAGE_PATH": str(PREFECT_LOCAL_STORAGE_PATH.value()),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    log = (tmp_path / "worker.log").open("w")
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    yield pool
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    log.close()
+
+
+def slow_standin(tmp_path: Path, **cluster: Any) -> str:
+    """The stand-in profile whose server takes 5 s to start: a run holds the cluster that long at least."""
+    folder = tmp_path / str(cluster.get("on_busy", "enqueue"))  # the same nodes (this machine): the same lock
+    data = standin_profile(folder)
+    data["serve"]["env"]["K3SIM_STARTUP_S"] = "5"
+    data["cluster"] |= cluster
+    return write_config(folder / "site.yaml", data)
+
+
+def holder(config: str) -> str | None:
+    value = Variable.get(lock_name(load_config(config).cluster), default=None)
+    return value.get("run_id") if isinstance(value, dict) else None
+
+
+def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_its_turn(worker, tmp_path):
+    config = slow_standin(tmp_path)
+    deployed = apply(config, worker)
+    assert {"nightly", "validate", "stage-models", "stage-launch", "teardown"} <= set(deployed)
+    first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
+    wait_for("the first run to hold the cluster", lambda: holder(config) == str(first.id))
+    second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
+    wait_for("the second run to start", lambda: flow_run(second.id).state.type is StateType.RUNNING)
+    assert holder(config) == str(first.id)  # the second one is running, waiting for the slot
+    a, b = finished(first.id), finished(second.id)
+    assert (a.state.type, b.state.type) == (StateType.COMPLETED, StateType.COMPLETED), (a.state, b.state)
+    b_stages = children(second.id)
+    assert {r.name for r in b_stages} and all(r.start_time >= a.end_time for r in b_stages)  # only after a's end
+    assert {c.flow_id for c in children(first.id)} == {c.flow_id for c in b_stages}  # preflight, launch, teardown
+    assert read_record(str(second.id)).verdict == "pass"
+    assert port_free(18300)
+
+
+def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(worker, tmp_path):
+    holds = slow_standin(tmp_path)
+    refuses = slow_standin(tmp_path, on_busy="refuse")
+    apply(holds, worker)
+    first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
+    wait_for("the first run to hold the cluster", lambda: holder(holds) == str(first.id))
+    second = run_deployment("validate/validate", parameters={"config": refuses, "only": ["launch"]}, timeout=0)
+    b = finished(second.id)
+    assert b.state.type is StateType.FAILED
+    assert f"in use by run {flow_run(first.id).name} ({first.id})" in b.state.message
+    assert "cluster.on_busy: refuse" in b.state.message
+    assert children(second.id) == []  # it touched nothing
+    assert finished(first.id).state.type is StateType.COMPLETED
+
+
+def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, tmp_path):
+    pool = f"k3d-test-{uuid4().hex[:6]}"
+    apply(slow_standin(tmp_path), pool)
+    with get_client(sync_client=True) as client:
+        schema = client.read_deployment_by_name("validate/validate").parameter_openapi_schema
+    props, defs = schema["properties"], schema["definitions"]
+    assert all(p.get("description") for p in props.values()), [k for k, p in props.items() if not p.get("description")]
+    assert defs["StageName"]["enum"] == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy"]
+    assert {"as configured", "none", "Inferact/Kimi-K3-DSpark"} <= set(defs["DraftChoice"]["enum"])
+    bench = defs["BenchOptions"]["properties"]
+    assert {"workloads", "concurrency_sweep", "baseline_run"} == set(bench) and all(
+        b["description"] for b in bench.values()
+    )
+    assert "cold only (random)" in defs["BenchWorkloads"]["enum"]
+    assert props["config"]["type"] == "string"  # a block's name or a path: never the config (and its secrets)
+    text = json.dumps(schema).lower()
+    for secret in ("private_key", "token", "password", "secret", "writeonly"):
+        assert secret not in text
+
+
+def test_retry_of_a_failed_run_skips_the_stages_that_passed_unless_their_inputs_changed(prefect_server, tmp_path):
+    data = standin_profile(tmp_path, hub=True)
+    data["bench"]["extra_args"] = ["--no-such-flag"]  # the late fault: the real `vllm bench serve` refuses it
+    path = tmp_path / "site.yaml"
+    config = write_config(path, data)
+    only = ["models", "image", "launch", "smoke", "bench"]
+    state = validate(config=config, only=only, return_state=True)
+    run_id = state.state_details.flow_run_id
+    assert state.is_failed() and read_record(str(run_id)).failed_stage == "bench"
+
+    data["bench"]["extra_args"] = []  # the fault cleared; the same flow run again, as the UI's Retry
+    write_config(path, data)
+    again = retry(str(run_id))
+    assert again.is_completed(), again
+    assert flow_run(run_id).run_count == 2
+    stages = [r.name for r in children(run_id)]
+    flows = _flow_names(children(run_id))
+    assert flows.count("models") == 1 and flows.count("image") == 1  # passed the first time: not again
+    assert flows.count("launch") == 2 and flows.count("bench") == 2 and stages
+    cached = [name for name, st in task_runs(run_id) if st == "Cached"]
+    assert sorted(cached) == ["image", "models"]
+
+    commit = next(c.commit for c in read_record(str(run_id)).checkpoints if c.role == "target")
+    data["models"]["target"]["revision"] = commit  # a changed checkpoint revision: models' inputs changed
+    write_config(path, data)
+    third = retry(str(run_id))
+    assert third.is_completed(), third
+    flows = _flow_names(children(run_id))
+    assert flows.count("models") == 2 and flows.count("image") == 1
+    assert read_record(str(run_id)).verdict == "pass"
+    teardown(config=config)
+
+
+def _flow_names(runs: list[FlowRun]) -> list[str]:
+    with get_client(sync_client=True) as client:
+        return [client.read_flow(r.flow_id).name for r in runs]

@@ -1,0 +1,58 @@
+"""The per-run choices of the UI's form applied over a config, and what a retry compares to skip a stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3deploy.blocks import parse_config
+from k3deploy.blocks.loader import load_config
+from k3deploy.errors import ConfigError
+from k3deploy.flows.registry import BY_NAME
+from k3deploy.flows.validate import stage_inputs_key
+from k3deploy.run_options import AS_CONFIGURED, BenchOptions, BenchWorkloads, apply_options
+from tests.configs import site_data
+
+pytestmark = pytest.mark.prefect
+LOCAL = Path(__file__).parents[2] / "configs" / "local.yaml"
+
+
+def test_as_configured_changes_nothing():
+    cfg = load_config(str(LOCAL))
+    assert apply_options(cfg, AS_CONFIGURED, BenchOptions()) is cfg
+
+
+def test_bench_choices_and_no_draft_are_applied_and_checked_again():
+    cfg = load_config(str(LOCAL))
+    chosen = apply_options(cfg, "none", BenchOptions(workloads=BenchWorkloads.cold, concurrency_sweep=[1, 4]))
+    assert (chosen.bench.prefix_hit, chosen.bench.concurrency_sweep, chosen.models.draft) == (False, [1, 4], None)
+    assert cfg.bench.prefix_hit is True  # the saved config is left as it was
+
+
+def test_a_draft_that_does_not_fit_the_config_is_a_config_error_naming_the_field():
+    cfg = load_config(str(LOCAL))
+    with pytest.raises(ConfigError, match=r"models\.draft\.max_model_len"):
+        apply_options(cfg, "Inferact/Kimi-K3-DSpark", BenchOptions())
+
+
+def test_a_known_draft_is_served_with_its_speculative_settings():
+    chosen = apply_options(parse_config(site_data()), "Inferact/Kimi-K3-DSpark-Block5", BenchOptions())
+    assert chosen.models.draft is not None
+    assert (chosen.models.draft.kind, chosen.models.draft.num_speculative_tokens) == ("mla-block5", 5)
+
+
+def test_a_stage_is_skipped_on_retry_only_while_the_sections_it_reads_are_unchanged():
+    cfg = load_config(str(LOCAL))
+    models, image = BY_NAME["models"], BY_NAME["image"]
+    key = stage_inputs_key(models, cfg, {"download": True, "fresh": False}, "run-1")
+    assert key == stage_inputs_key(models, cfg, {"download": True, "fresh": True}, "run-1")  # not models' option
+    assert key != stage_inputs_key(models, cfg, {"download": False}, "run-1")
+    assert key != stage_inputs_key(models, cfg, {"download": True}, "run-2")  # another run: its own results
+    moved = cfg.model_copy(deep=True)
+    moved.models.target.revision = "0" * 40
+    assert key != stage_inputs_key(models, moved, {"download": True}, "run-1")
+    assert stage_inputs_key(image, cfg, {}, "run-1") == stage_inputs_key(image, moved, {}, "run-1")
+    benched = cfg.model_copy(deep=True)
+    benched.bench.num_prompts = 7
+    assert key == stage_inputs_key(models, benched, {"download": True}, "run-1")
