@@ -65,6 +65,7 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     run.section("Commands", f"```sh\n{plan.to_text()}\n```")
     _RUNNING[run_id] = cfg
     record, error, done = LaunchRecord(run_id), None, False
+    removed: dict[str, list[str]] = {}
     with run.guard():
         try:
             try:
@@ -73,11 +74,13 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
             except LaunchFailed as err:
                 record, error = err.record or record, err
             done = error is None
-        finally:  # a failure (or an error before the monitor took over) leaves nothing of this run behind
-            _RUNNING.pop(run_id, None)
+        finally:  # a failure (or an error before the monitor took over) leaves nothing of this config running:
+            _RUNNING.pop(run_id, None)  # neither what this run started nor what it adopted from an earlier one
             if not done or teardown_after:
-                remove_containers(cfg, run_id)
-    run.data = asdict(record) | {"plan": plan.to_json()}
+                removed = remove_containers(cfg, None)
+                names = [f"{node}: {', '.join(gone)}" for node, gone in removed.items() if gone]
+                run.note(f"removed {'; '.join(names) or 'nothing'}")
+    run.data = asdict(record) | {"plan": plan.to_json(), "removed": removed}
     run.table("milestones", record.milestones, "start-up milestones per node")
     for node, lines in record.tails.items():
         run.section(f"{node} (log: `{record.log_files.get(node, '?')}`)", "```\n" + "\n".join(lines) + "\n```")

@@ -3,7 +3,7 @@
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import TeardownFailed
+from k3deploy.errors import TeardownFailed, TeardownIncomplete
 from k3deploy.stage import Finding, StageResult
 from k3deploy.tasks.launch.steps import remove_containers
 from k3deploy.tasks.stage_run import StageRun
@@ -14,14 +14,20 @@ def teardown(config: ConfigSource, run_id: str | None = None) -> StageResult:
     """Idempotent: a second run removes nothing and still proves nothing is left."""
     cfg = resolve_config(config)
     run = StageRun("teardown", TeardownFailed)
+    problems: dict[str, str] = {}
     with run.guard():
-        removed = remove_containers(cfg, run_id)
+        try:
+            removed = remove_containers(cfg, run_id)
+        except TeardownIncomplete as err:  # what could be removed was; each other node is named
+            removed, problems = err.removed, err.problems
     run.findings = [
         Finding(node, "nothing left", True, ", ".join(names) or "nothing to remove") for node, names in removed.items()
-    ]
+    ] + [Finding(node, "nothing left", False, why) for node, why in problems.items()]
     run.table("removed", [{"node": node, "removed": ", ".join(names) or "-"} for node, names in removed.items()])
-    run.data = {"removed": removed}
+    run.data = {"removed": removed, "not_cleared": problems}
     count = sum(map(len, removed.values()))
+    if problems:
+        run.failed(f"{len(problems)} node(s) not cleared ({', '.join(problems)}): run teardown again once they are")
     return run.passed(
         f"removed {count}: {', '.join(n for names in removed.values() for n in names)}"
         if count

@@ -158,7 +158,9 @@ def parse_ps(text: str) -> list[ProcessState]:
         name, alive, rc, labels = parts
         try:
             parsed = json.loads(labels)
-        except ValueError:
+        except (ValueError, RecursionError):
+            parsed = {}
+        if not isinstance(parsed, dict):  # `null`, a list: labels no run of ours wrote
             parsed = {}
         out.append(ProcessState(name, alive == "alive", None if rc == "-" else rc, parsed))
     return out
@@ -275,3 +277,15 @@ def serving_runtimes(cfg: DeploymentConfig) -> Iterator[dict[str, Runtime]]:
     with open_transports(cfg.cluster) as transports:
         grace = process.stop_timeout_s
         yield {node: ProcessRuntime(node, t, process.state_dir, grace) for node, t in transports.items()}
+
+
+@contextlib.contextmanager
+def node_runtime(cfg: DeploymentConfig, node: str) -> Iterator[Runtime]:
+    """One node's runtime alone: a node that cannot be reached or trusted fails only itself."""
+    if cfg.serve.runtime == "docker":
+        with docker_clients(cfg.cluster, only=[node]) as clients:
+            yield DockerRuntime(node, clients[node], cfg.serve.container.setup_scripts)
+        return
+    process = cfg.serve.process
+    with open_transports(cfg.cluster) as transports:  # connections open lazily: only this node's is used
+        yield ProcessRuntime(node, transports[node], process.state_dir, process.stop_timeout_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import K3DeployError, TeardownIncomplete
 from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
-from k3deploy.tasks.launch.runtime import serving_runtimes
+from k3deploy.tasks.launch.runtime import node_runtime, serving_runtimes
 from k3deploy.tasks.render import Plan
-from k3deploy.tasks.transport.base import on_every_node
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
@@ -125,15 +125,30 @@ def _raise_if_failed(monitor: LaunchMonitor) -> None:
 
 
 def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
-    """Stop and remove this config's containers or processes (of one run, when given) on every node;
-    then prove none is left."""
+    """Stop and remove this config's containers or processes (of one run, when given) on every node it can
+    reach, then prove none is left there; a node it cannot reach or trust does not stop the others."""
     labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
-    with serving_runtimes(cfg) as runtimes:
-        removed = on_every_node(runtimes, lambda node, runtime: runtime.remove(labels), "teardown")
-        left = {node: runtime.names(labels) for node, runtime in runtimes.items()}
-    still = {node: names for node, names in left.items() if names}
-    if still:
-        raise K3DeployError(f"teardown left servers behind: {still}")
+
+    def clear(node: str) -> tuple[list[str], list[str]]:
+        with node_runtime(cfg, node) as runtime:
+            return runtime.remove(labels), runtime.names(labels)
+
+    nodes = [n.name for n in cfg.cluster.nodes]
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = {node: pool.submit(clear, node) for node in nodes}
+    removed: dict[str, list[str]] = {}
+    problems: dict[str, str] = {}
+    for node, future in futures.items():
+        try:
+            gone, left = future.result()
+        except K3DeployError as err:
+            problems[node] = f"not cleared, could not reach or trust it: {err}"
+            continue
+        removed[node] = gone
+        if left:
+            problems[node] = f"still running after removal: {', '.join(left)}"
+    if problems:
+        raise TeardownIncomplete(removed, problems)
     return removed
 
 

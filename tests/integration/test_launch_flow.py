@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import LaunchStageFailed
+from k3deploy.errors import LaunchStageFailed, TeardownFailed
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.tasks.launch.containers import RUN_LABEL
-from tests.launchbed import NAME, control, launch_config, ours
+from tests.bedconfig import write_config
+from tests.launchbed import NAME, control, launch_config, launch_data, ours
 from tests.prefect_runs import latest_artifact
 
 pytestmark = [pytest.mark.launch, pytest.mark.testbed, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
@@ -76,6 +77,22 @@ def test_worker_exiting_early_is_caught_whatever_its_exit_code(prefect_server, t
     assert str(failed.value).startswith(
         "launch failed: node3 (DP rank 3): the container exited (status 0) during launch"
     )
+    assert not any(ours(bed_nodes).values())
+
+
+@pytest.mark.faults
+def test_a_failed_relaunch_removes_what_it_adopted_too_and_says_so(prefect_server, testbed, bed_nodes, tmp_path):
+    """A rerun of launch adopts the three live servers, starts node3's anew, and that one dies: all four go."""
+    config = launch_config(testbed, tmp_path)
+    launch(config=config)
+    bed_nodes["clients"]["node3"].containers.get(NAME).remove(force=True)  # node3's server is gone
+    control(bed_nodes, "node3", K3SIM_DIE_AFTER_S=1, K3SIM_DIE_EXIT_CODE=1)
+    with pytest.raises(LaunchStageFailed) as failed:
+        launch(config=config)
+    result = failed.value.result
+    assert result.data["started"] == {"node0": True, "node1": True, "node2": True, "node3": False}
+    assert result.data["removed"] == {n: [NAME] for n in ("node0", "node1", "node2", "node3")}
+    assert "node3 (DP rank 3)" in result.reason
     assert not any(ours(bed_nodes).values())
 
 
@@ -141,3 +158,33 @@ def test_cancelling_a_launch_from_prefect_removes_its_containers(
     worker.join(60)
     assert state.name == "Cancelled"
     assert not any(ours(bed_nodes).values())  # the on_cancellation hook removed all four
+
+
+@pytest.mark.faults
+def test_teardown_clears_every_node_it_trusts_and_names_the_one_whose_host_key_changed(
+    prefect_server, testbed, bed_nodes, tmp_path
+):
+    """One node refusing (its host key changed) must not leave the others' servers running."""
+    pinned = tmp_path / "known_hosts"
+    pinned.write_text(Path(testbed.known_hosts).read_text())
+    data = launch_data(testbed)
+    data["cluster"]["ssh"]["known_hosts"] = str(pinned)
+    config = write_config(tmp_path / "site.yaml", data)
+    launch(config=config)
+    lines = pinned.read_text().splitlines()
+    node0, node2 = testbed.host("node0").ip, testbed.host("node2").ip
+    other_key = next(line for line in lines if line.startswith(f"{node0} ")).split(" ", 1)[1]
+    pinned.write_text("\n".join(f"{node2} {other_key}" if line.startswith(f"{node2} ") else line for line in lines))
+
+    with pytest.raises(TeardownFailed) as failed:
+        teardown(config=config)
+    result = failed.value.result
+    assert result.data["removed"] == {n: [NAME] for n in ("node0", "node1", "node3")}
+    assert list(result.data["not_cleared"]) == ["node2"]
+    assert "host key CHANGED" in result.data["not_cleared"]["node2"]
+    assert "node2" in result.reason and "run teardown again" in result.reason
+    assert ours(bed_nodes) == {"node0": [], "node1": [], "node2": [NAME], "node3": []}
+
+    pinned.write_text(Path(testbed.known_hosts).read_text())  # the key is trusted again: a later teardown
+    assert teardown(config=config).data["removed"] == {"node0": [], "node1": [], "node2": [NAME], "node3": []}
+    assert not any(ours(bed_nodes).values())
