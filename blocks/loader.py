@@ -51,6 +51,20 @@ def _inject_secrets(data: dict[str, Any], environ: os._Environ[str] | dict[str, 
             node[path[-1]] = SecretStr(value)
 
 
+def _odd_keys(data: dict[Any, Any]) -> list[tuple[str, str]]:
+    """Keys that are not text (YAML reads `0:`, `true:`, `null:` as others) in the document and in its sections.
+
+    The document and its sections are Prefect Blocks, which take their fields as keyword arguments: such a key
+    would fail there with a bare TypeError (deeper models report it themselves)."""
+    sections = [(key, value) for key, value in data.items() if isinstance(key, str) and isinstance(value, dict)]
+    problems = []
+    for field, part in [("", data), *sections]:
+        odd = [key for key in part if not isinstance(key, str)]
+        if odd:
+            problems.append((field, f"a key must be a name (text), not {', '.join(map(repr, odd))}"))
+    return problems
+
+
 def parse_config(data: Any, source: str | None = None, environ: dict[str, str] | None = None) -> DeploymentConfig:
     """Validate already-parsed data; every problem is reported with its field path."""
     from k3deploy.blocks.checks import placeholders  # imports Prefect: only once the YAML has parsed
@@ -60,29 +74,43 @@ def parse_config(data: Any, source: str | None = None, environ: dict[str, str] |
         raise ConfigError(
             [("", "the document must be a mapping with cluster, models, image, serve, smoke, bench, accuracy")], source
         )
+    if odd := _odd_keys(data):
+        raise ConfigError(odd, source)
     _inject_secrets(data, os.environ if environ is None else environ)
     try:
-        return DeploymentConfig.model_validate(data)
-    except ValidationError as err:
-        left = placeholders(data)
-        marked = {field for field, _ in left}
-        problems = left + [p for p in _pydantic_problems(err) if p[0] not in marked]
-        raise ConfigError(problems, source) from None
-    except ConfigError as err:
-        raise ConfigError(err.problems, source) from None
+        try:
+            return DeploymentConfig.model_validate(data)
+        except ValidationError as err:
+            left = placeholders(data)
+            marked = {field for field, _ in left}
+            problems = left + [p for p in _pydantic_problems(err) if p[0] not in marked]
+            raise ConfigError(problems, source) from None
+        except ConfigError as err:
+            raise ConfigError(err.problems, source) from None
+    except RecursionError:  # `a: &x [*x]`: a YAML alias inside its own anchor makes a cycle
+        problem = "the document contains itself (a YAML alias inside its own anchor) or is nested too deeply"
+        raise ConfigError([("", problem)], source) from None
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> DeploymentConfig:
     """Load and validate a deployment document from a YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError([("", f"cannot read the file: {err.strerror}")], str(path)) from None
+    except UnicodeDecodeError as err:
+        problem = f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
+        raise ConfigError([("", problem)], str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError([("", f"{where}not valid YAML: {getattr(err, 'problem', err)}")], str(path)) from None
+    except (ValueError, TypeError, AttributeError, IndexError, OverflowError) as err:  # 2001-02-30, `!!int `
+        problem = f"not valid YAML: a value that cannot be read as its type ({err}); quote it to keep it a string"
+        raise ConfigError([("", problem)], str(path)) from None
+    except RecursionError:
+        raise ConfigError([("", "not valid YAML: nested too deeply")], str(path)) from None
     return parse_config(data, str(path), environ)

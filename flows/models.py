@@ -55,12 +55,16 @@ def shared_storage_unseen(cfg: DeploymentConfig, ckpt: Checkpoint, outcome: Chec
 
 
 @flow(name="models", persist_result=True)
-def models(config: ConfigSource, download: bool = True) -> StageResult:
-    """Every node holds the configured checkpoints at the hub's commit, verified; else fail naming node and file."""
+def models(config: ConfigSource, download: bool = True, full_verify: bool = False) -> StageResult:
+    """Every node holds the configured checkpoints at the hub's commit, verified; else fail naming node and file.
+
+    full_verify hashes every file on every node whatever the manifests and the cache say: the quick check
+    trusts a file whose size and mtime are unchanged since it was verified.
+    """
     cfg = resolve_config(config)
     run = StageRun("models", ModelsStageFailed)
     with run.guard(), local_hub(cfg.models):  # the local profile's hub, serving only while the stage works
-        outcome = _verify_and_fetch(cfg, run, download)
+        outcome = _verify_and_fetch(cfg, run, download, full_verify)
     for c in outcome.checkpoints:
         description = f"{c.role} `{c.listing.repo}` commit `{c.listing.commit}`, {c.listing.total_bytes} bytes"
         run.table(f"manifest-{c.role}", c.manifest_rows(), description)
@@ -68,22 +72,27 @@ def models(config: ConfigSource, download: bool = True) -> StageResult:
     run.table("checks", [vars(f) for f in outcome.findings])
     for line in outcome.summary_lines():
         run.note(line)
+    repaired = [row | {"checkpoint": c.role} for c in outcome.checkpoints for row in c.repaired()]
+    run.table("repaired", repaired, "files found bad on a node (not missing) and downloaded again: check that disk")
+    for row in repaired:
+        run.note(f"**{row['node']}** had a bad `{row['file']}` ({row['found']}): downloaded again")
     run.findings = outcome.problem_findings()
     run.data = outcome.record()
     return run.passed(", ".join(f"{c.role} {c.listing.commit[:12]}" for c in outcome.checkpoints))
 
 
-def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool) -> ModelsOutcome:
+def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool, full: bool) -> ModelsOutcome:
     nodes = storage_nodes(cfg.cluster)
     wanted = checkpoints(cfg.models)
     listings = {c.role: list_checkpoint(cfg.models, c) for c in wanted}
     stats = {c.role: stat_checkpoint(cfg.cluster, cfg.models, c, listings[c.role], nodes) for c in wanted}
+    verify = verify_checkpoint.with_options(refresh_cache=True) if full else verify_checkpoint
     outcomes = {
         c.role: CheckpointOutcome(
             c.role,
             c.path,
             listings[c.role],
-            verify_checkpoint(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role]),
+            verify(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role], full),
         )
         for c in wanted
     }

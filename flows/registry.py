@@ -32,7 +32,7 @@ STAGES: tuple[Stage, ...] = (
         "checkpoints verified on every node",
         ("preflight",),
         True,
-        ("download",),
+        ("download", "full_verify"),
         ("cluster", "models"),
     ),
     Stage(

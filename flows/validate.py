@@ -114,6 +114,7 @@ def validate(
     keep_serving: bool = False,
     fresh: bool = False,
     download: bool = True,
+    full_verify: bool = False,
 ) -> dict[str, Any]:
     """preflight → … → launch → smoke → bench → accuracy → teardown, then the run record and the report.
 
@@ -126,6 +127,7 @@ def validate(
         keep_serving: Leave the service running at the end instead of tearing it down.
         fresh: Run cached checks (comm) again even when a pass is recent.
         download: Download missing or bad checkpoint files (else fail).
+        full_verify: Hash every checkpoint file on every node, whatever the manifests and caches say.
     """
     cfg = apply_options(resolve_config(config), str(draft), bench)
     run_id = str(runtime.flow_run.id)
@@ -138,7 +140,9 @@ def validate(
     turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
     with turn:
         started = now()
-        results = run_stages(chosen, cfg, {"fresh": fresh, "download": download}, run_id, keep_serving)
+        results = run_stages(
+            chosen, cfg, {"fresh": fresh, "download": download, "full_verify": full_verify}, run_id, keep_serving
+        )
         record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
         path = record_run(record)
     report = write_report(record, bench.baseline_run)

@@ -126,6 +126,7 @@ def run(
     keep_serving: Annotated[bool, typer.Option("--keep-serving", help="Leave the service up at the end.")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="Run comm's checks even if a pass is recent.")] = False,
     no_download: Annotated[bool, typer.Option("--no-download", help="Fail instead of downloading.")] = False,
+    full_verify: Annotated[bool, typer.Option("--full-verify", help="Hash every checkpoint file anew.")] = False,
     runs_dir: RunsDir = None,
 ) -> None:
     """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
@@ -149,6 +150,7 @@ def run(
             keep_serving=keep_serving,
             fresh=fresh,
             download=not no_download,
+            full_verify=full_verify,
             return_state=True,
         )
     _print_run(str(state.state_details.flow_run_id), state, info.ui)
@@ -187,6 +189,9 @@ def rerun(
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="comm: run the checks even if a pass is recent.")] = False,
     no_download: Annotated[bool, typer.Option("--no-download", help="models: fail instead of downloading.")] = False,
+    full_verify: Annotated[
+        bool, typer.Option("--full-verify", help="models: hash every file on every node, whatever manifests say.")
+    ] = False,
     teardown_after: Annotated[bool, typer.Option("--teardown-after", help="launch: remove it once ready.")] = False,
     fmt: FormatOption = Format.text,
     runs_dir: RunsDir = None,
@@ -209,6 +214,7 @@ def rerun(
         raise click.UsageError(str(error)) from None
     _config(config)
     options = {"fresh": fresh, "download": not no_download, "teardown_after": teardown_after}
+    options["full_verify"] = full_verify
     _run_one(chosen.name, _source(config), {k: v for k, v in options.items() if k in chosen.options}, fmt)
 
 

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.blocks.accuracy import Scoring
+from k3deploy.errors import K3DeployError
 
 INVALID = {"", "[invalid]"}
+
+
+class UnreadableResults(K3DeployError, ValueError):
+    """An evaluator's output is not what it writes; the message names the file's part and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,14 @@ def dataset_hash(files: dict[str, bytes]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _jsonl(text: str) -> list[dict[str, Any]]:
+def _jsonl(text: str, what: str) -> list[dict[str, Any]]:
     rows = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as err:
+                raise UnreadableResults(f"{what}, line {number}, is not JSON: {err}") from None
             if isinstance(row, dict):
                 rows.append(row)
     return rows
@@ -67,22 +75,36 @@ def lm_eval_scores(results_text: str, samples: dict[str, str], metric: str | Non
     """One Score per task of a `results_*.json`, accounted from that task's `samples_<task>_*.jsonl` text."""
     try:
         results = json.loads(results_text)
-        per_task = results["results"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"lm_eval results are not readable: {err}") from None
+    except (ValueError, RecursionError) as err:
+        raise UnreadableResults(f"lm_eval results are not readable: {err}") from None
+    per_task = results.get("results") if isinstance(results, dict) else None
+    if not isinstance(per_task, dict):
+        raise UnreadableResults("lm_eval results are not readable: no 'results' object")
     version = str(results.get("lm_eval_version", "?"))
+    counts = results.get("n-samples")
     scores = []
     for task, figures in per_task.items():
+        if not isinstance(figures, dict):
+            raise UnreadableResults(f"lm_eval results for {task} are not an object: {str(figures)[:80]!r}")
         keys = [k for k in figures if "," in k and "_stderr" not in k and isinstance(figures[k], int | float)]
         key = metric if metric is not None else (keys[0] if keys else None)
         if key is None or key not in figures:
-            raise ValueError(f"lm_eval results for {task} have no metric {key!r} (they have {', '.join(keys)})")
-        rows = _jsonl(samples.get(task, ""))
-        expected = int(((results.get("n-samples") or {}).get(task) or {}).get("effective", len(rows)))
+            raise UnreadableResults(f"lm_eval results for {task} have no metric {key!r} (they have {', '.join(keys)})")
+        try:
+            score = float(figures[key]) if isinstance(figures[key], int | float) else None
+        except OverflowError:  # an integer beyond any float
+            score = None
+        if score is None:
+            raise UnreadableResults(f"lm_eval results for {task}: {key} is {str(figures[key])[:80]!r}, not a score")
+        rows = _jsonl(samples.get(task, ""), f"lm_eval samples of {task}")
+        counted = counts.get(task) if isinstance(counts, dict) else None
+        expected = counted.get("effective", len(rows)) if isinstance(counted, dict) else len(rows)
+        if not isinstance(expected, int):
+            raise UnreadableResults(f"lm_eval n-samples of {task}: effective is {str(expected)[:80]!r}, not a count")
         answered = [r for r in rows if _first_text(r.get("resps")).strip()]
         unparsed = sum(_first_text(r.get("filtered_resps")).strip() in INVALID for r in answered)
         scores.append(
-            Score("lm_eval", version, task, data_hash, key, float(figures[key]), len(answered),
+            Score("lm_eval", version, task, data_hash, key, score, len(answered),
                   len(rows) - len(answered), max(0, expected - len(rows)), unparsed)
         )  # fmt: skip
     return scores
@@ -93,19 +115,24 @@ def ais_scores(
     version: str, data_hash: str,
 ) -> list[Score]:  # fmt: skip
     """One Score per dataset row of AISBench's summary CSV (columns dataset, version, metric, mode, <model>)."""
-    rows = list(csv.reader(io.StringIO(summary_csv)))
+    try:
+        rows = [row for row in csv.reader(io.StringIO(summary_csv)) if row]  # a blank line reads as []
+    except csv.Error as err:
+        raise UnreadableResults(f"AISBench summary is not CSV: {err}") from None
     if len(rows) < 2 or rows[0][:4] != ["dataset", "version", "metric", "mode"] or len(rows[0]) < 5:
-        raise ValueError(f"AISBench summary is not the expected table: {summary_csv[:200]!r}")
+        raise UnreadableResults(f"AISBench summary is not the expected table: {summary_csv[:200]!r}")
     scores = []
     for row in rows[1:]:
+        if len(row) < 5:
+            raise UnreadableResults(f"AISBench summary row {row!r} has {len(row)} columns, not 5")
         dataset, metric, value = row[0], row[2], row[4]
         try:
             score = float(value)
         except ValueError:
-            raise ValueError(f"AISBench gave no score for {dataset}: {value!r}") from None
-        done = _jsonl(predictions.get(dataset, ""))
+            raise UnreadableResults(f"AISBench gave no score for {dataset}: {value!r}") from None
+        done = _jsonl(predictions.get(dataset, ""), f"AISBench predictions of {dataset}")
         answered = [r for r in done if r.get("success", True)]
-        failed = len(done) - len(answered) + len(_jsonl(failures.get(dataset, "")))
+        failed = len(done) - len(answered) + len(_jsonl(failures.get(dataset, ""), f"AISBench failures of {dataset}"))
         unparsed = sum(not str(r.get("prediction") or "").strip() for r in answered)
         total = expected.get(dataset, len(answered) + failed)
         missing = max(0, total - len(answered) - failed)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.bench import Baseline
+from k3deploy.errors import K3DeployError
 from k3deploy.tasks import metrics
 
 # The figures kept in the run record (others stay in the raw JSON beside it).
@@ -20,6 +21,10 @@ FIGURES = (
     "total_token_throughput",
     *(f"{stat}_{what}_ms" for what in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")),
 )
+
+
+class UnreadableResult(K3DeployError, ValueError):
+    """The saved JSON is not a result of `vllm bench serve`; the message names what is missing or wrong."""
 
 
 @dataclass(frozen=True)
@@ -42,19 +47,25 @@ class BenchRun:
 
 
 def parse_result(text: str, workload: str, concurrency: int) -> BenchRun:
-    """The saved JSON of one run; ValueError naming what is missing when it is not one."""
+    """The saved JSON of one run; UnreadableResult (a ValueError) naming what is missing when it is not one."""
     try:
         data = json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"the saved result is not JSON: {err}") from None
+    except (ValueError, RecursionError) as err:
+        raise UnreadableResult(f"the saved result is not JSON: {err}") from None
     if not isinstance(data, dict):
-        raise ValueError("the saved result is not a JSON object")
+        raise UnreadableResult("the saved result is not a JSON object")
     missing = [k for k in ("num_prompts", "completed") if not isinstance(data.get(k), int)]
     if missing:
-        raise ValueError(f"the saved result lacks {', '.join(missing)}")
+        raise UnreadableResult(f"the saved result lacks {', '.join(missing)}")
     reported = isinstance(data.get("failed"), int)
     failed = int(data["failed"]) if reported else int(data["num_prompts"]) - int(data["completed"])
-    figures = {k: float(data[k]) for k in FIGURES if isinstance(data.get(k), int | float)}
+    figures = {}
+    for k in FIGURES:
+        if isinstance(data.get(k), int | float):
+            try:
+                figures[k] = float(data[k])
+            except OverflowError:  # an integer beyond any float
+                raise UnreadableResult(f"the saved result's {k} is out of range ({len(str(data[k]))} digits)") from None
     return BenchRun(workload, concurrency, int(data["num_prompts"]), int(data["completed"]), failed, reported, figures)
 
 

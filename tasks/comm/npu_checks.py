@@ -72,16 +72,19 @@ def parse_npu_smi_info(
         return [fail(node, None, "npu_smi", f"npu-smi info {outcome(rc)}: {first_line(text)}")]
     seen: dict[int, tuple[str, str]] = {}
     board: tuple[int, str, str] | None = None
+    out = []
     for line in text.splitlines():
         if "Process id" in line:  # the process table follows; its rows look like chip rows
             break
         if chip := _CHIP_ROW.match(line):
-            if board is not None:
-                seen[logical_id(board[0], int(chip[1]), dies_per_board)] = (board[1], board[2])
+            die = int(chip[1])
+            if board is not None and die >= dies_per_board:  # another board type, or a garbled row
+                out.append(fail(node, None, "npu_smi", f"chip {die} beyond {dies_per_board} per board: {line.strip()}"))
+            elif board is not None:
+                seen[logical_id(board[0], die, dies_per_board)] = (board[1], board[2])
             continue
         if row := _BOARD_ROW.match(line):
             board = (int(row[1]), row[3], line.strip())
-    out = []
     for npu in range(npus):
         b, d = board_die(npu, dies_per_board)
         if npu not in seen:

@@ -11,9 +11,14 @@ import re
 import shlex
 
 from k3deploy.blocks.image import ImageBuild
+from k3deploy.errors import K3DeployError
 
 WORK_ROOT = "/var/tmp/k3deploy-build"
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+class UnreadableCheckout(K3DeployError, ValueError):
+    """The checkout did not report a source commit and a VLLM_COMMIT; the message says which."""
 
 
 def work_dir(build: ImageBuild) -> str:
@@ -41,13 +46,13 @@ def checkout_command(build: ImageBuild) -> str:
 
 
 def parse_checkout(output: str) -> tuple[str, str]:
-    """(source revision, VLLM_COMMIT) from checkout_command's output; ValueError names what is wrong."""
+    """(source revision, VLLM_COMMIT) from checkout_command's output; UnreadableCheckout names what is wrong."""
     values = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
     source, vllm = values.get("source_revision", ""), values.get("vllm_commit", "")
     if not COMMIT.fullmatch(source):
-        raise ValueError(f"the checkout reported no commit: {source!r}")
+        raise UnreadableCheckout(f"the checkout reported no commit: {source!r}")
     if not vllm or not re.fullmatch(r"[0-9A-Za-z._/-]+", vllm):
-        raise ValueError(f"the VLLM_COMMIT file holds {vllm!r}, not a commit or tag")
+        raise UnreadableCheckout(f"the VLLM_COMMIT file holds {vllm!r}, not a commit or tag")
     return source, vllm
 
 

@@ -84,7 +84,10 @@ def build_image(cluster: ClusterConfig, image: ImageConfig) -> tuple[dict[str, N
         builder = transports[host]
         try:
             checkout = builder.run(building.checkout_command(build), timeout=1800).check()
-            source, vllm_commit = building.parse_checkout(checkout.stdout)
+            try:
+                source, vllm_commit = building.parse_checkout(checkout.stdout)
+            except building.UnreadableCheckout as err:
+                raise ImageError(host, f"checking out {build.repo_url}: {err}") from None
             logger.info("%s: vllm-ascend %s at %s, VLLM_COMMIT %s", host, build.repo_url, source, vllm_commit)
             builder.run(building.build_command(build, vllm_commit, source), timeout=4 * 3600, on_output=show).check()
             digest = None

@@ -38,6 +38,12 @@ class Probe:
         return self.reached == "chat"
 
 
+def _field(body: Any, key: str) -> list[Any]:
+    """The list under `key` of a JSON answer; [] when the answer is not an object with one."""
+    value = body.get(key) if isinstance(body, dict) else None
+    return value if isinstance(value, list) else []
+
+
 def probe(base_url: str, served_name: str, timeout: float) -> Probe:
     """One pass of health → models → chat; stops at the first step that does not pass."""
     try:
@@ -46,14 +52,15 @@ def probe(base_url: str, served_name: str, timeout: float) -> Probe:
             if health.status_code != 200:
                 return Probe("down", f"/health answered {health.status_code}")
             listed = http.get("/v1/models")
-            names = [m.get("id") for m in listed.json().get("data", [])] if listed.status_code == 200 else []
+            models = _field(listed.json(), "data") if listed.status_code == 200 else []
+            names = [m.get("id") for m in models if isinstance(m, dict)]
             if served_name not in names:
                 return Probe("health", f"/v1/models lists {names or listed.status_code}, not {served_name!r}")
             answer = http.post("/v1/chat/completions", json=chat_body(served_name))
             if answer.status_code != 200:
                 return Probe("models", f"chat answered {answer.status_code}: {answer.text[:200]}")
-            choices = answer.json().get("choices") or []
-            if not choices or choices[0].get("message") is None:
+            choices = _field(answer.json(), "choices")
+            if not choices or not isinstance(choices[0], dict) or choices[0].get("message") is None:
                 return Probe("models", f"chat answered without a choice: {answer.text[:200]}")
             return Probe("chat", "chat answered")
     except httpx.TimeoutException:

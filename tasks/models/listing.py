@@ -32,20 +32,37 @@ class Listing:
         return sum(f.size for f in self.files)
 
 
+def _size(path: Any, size: Any) -> int:
+    """A listed file's size in bytes; HubError naming the file when the hub gave no path or no size."""
+    try:
+        value = int(size) if isinstance(path, str) and path and not isinstance(size, bool) else -1
+    except (TypeError, ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise HubError(f"the hub lists a file without a path and a byte size: path {path!r:.200}, size {size!r:.40}")
+    return value
+
+
+def _checksum(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def hf_file(entry: Any) -> RemoteFile | None:
     """A huggingface_hub tree entry (RepoFile) as a RemoteFile; folders give None."""
     if not hasattr(entry, "size") or getattr(entry, "blob_id", None) is None:
         return None
     lfs = getattr(entry, "lfs", None)
     sha256 = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
-    return RemoteFile(entry.path, int(entry.size), sha256, None if sha256 else entry.blob_id)
+    size = _size(entry.path, entry.size)
+    return RemoteFile(entry.path, size, _checksum(sha256), None if _checksum(sha256) else _checksum(entry.blob_id))
 
 
 def ms_file(item: dict[str, Any]) -> RemoteFile | None:
     """A ModelScope `repo/files` item as a RemoteFile; folders give None."""
     if item.get("Type") == "tree":
         return None
-    return RemoteFile(item["Path"], int(item["Size"]), item.get("Sha256") or None, item.get("Id") or None)
+    size = _size(item.get("Path"), item.get("Size"))
+    return RemoteFile(item["Path"], size, _checksum(item.get("Sha256")), _checksum(item.get("Id")))
 
 
 def list_huggingface(repo: str, revision: str | None, endpoint: str | None, token: SecretStr | None) -> Listing:
@@ -93,10 +110,12 @@ def list_modelscope(repo: str, revision: str | None, endpoint: str, token: Secre
         items = response.json()["Data"]["Files"]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as err:
         raise HubError(f"modelscope {repo}@{params['Revision']}: cannot list files: {err}") from None
-    files = tuple(f for f in (ms_file(i) for i in items) if f is not None)
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise HubError(f"modelscope {repo}@{params['Revision']}: the file list is not a list of files: {items!r:.200}")
     try:
+        files = tuple(f for f in (ms_file(i) for i in items) if f is not None)
         commit = ms_head_commit(items)
-    except ValueError as err:
+    except HubError as err:
         raise HubError(f"modelscope {repo}@{params['Revision']}: {err}") from None
     return Listing(repo, commit, files)
 
@@ -104,15 +123,18 @@ def list_modelscope(repo: str, revision: str | None, endpoint: str, token: Secre
 def ms_head_commit(items: list[dict[str, Any]]) -> str:
     """The commit the listing is of: each file's `Revision` is the commit that last changed it (ModelScope's SDK
     reads it as "the commit id of the file", with that commit's date beside it), so it is the newest of them."""
-    dated = [
-        (int(i.get("CommittedDate") or 0), str(i["Revision"]))
-        for i in items
-        if i.get("Type") != "tree" and i.get("Revision")
-    ]
+    try:
+        dated = [
+            (int(i.get("CommittedDate") or 0), str(i["Revision"]))
+            for i in items
+            if i.get("Type") != "tree" and i.get("Revision")
+        ]
+    except (TypeError, ValueError, OverflowError) as err:
+        raise HubError(f"a file's CommittedDate is not a time: {err}") from None
     if not dated:
-        raise ValueError("the listing names no commit")
+        raise HubError("the listing names no commit")
     newest = max(date for date, _ in dated)
     heads = {rev for date, rev in dated if date == newest}
     if len(heads) != 1:
-        raise ValueError(f"the newest files name {len(heads)} commits of the same time: {', '.join(sorted(heads))}")
+        raise HubError(f"the newest files name {len(heads)} commits of the same time: {', '.join(sorted(heads))}")
     return heads.pop()

@@ -372,7 +372,16 @@ def _stat_state(root: Path, listing: JobListing) -> dict[str, Any]:
         except OSError:
             entries.append([f.path, None, None])
             missing += f.size - _size(root / PARTIAL_DIR / (f.path + ".part"))
-    fingerprint = hashlib.sha256(json.dumps([listing.commit, entries]).encode()).hexdigest()
+    # What the manifest vouches for is part of the fingerprint (not when it was written): a missing, changed or
+    # unreadable manifest is never answered from the verification cache.
+    manifest = load_manifest(root)
+    vouches = None
+    if manifest is not None:
+        vouches = [
+            manifest.commit,
+            sorted((p, e.size, e.mtime_ns, e.sha256, e.git_blob) for p, e in manifest.files.items()),
+        ]
+    fingerprint = hashlib.sha256(json.dumps([listing.commit, entries, vouches]).encode()).hexdigest()
     free, device = _free_bytes(root)
     return {"fingerprint": fingerprint, "missing_bytes": missing, "free_bytes": free, "device": device}
 
@@ -393,8 +402,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"op": job["op"]}
     if job["op"] == "verify":
         previous = load_manifest(root)
+        vouching = None if job.get("full") else previous  # a full verify hashes every file whatever it says
         progress = Progress("verify", sum(f.size for f in listing.files))
-        checks, manifest, hashed = verify_checkpoint(root, listing, previous, int(job.get("threads", 2)), progress.add)
+        checks, manifest, hashed = verify_checkpoint(root, listing, vouching, int(job.get("threads", 2)), progress.add)
         if root.is_dir():
             write_manifest(root, manifest)
         result |= {"hashed": hashed, "previous_commit": previous.commit if previous else None}

@@ -75,6 +75,16 @@ class CheckpointOutcome:
         out += [f"{node}: {why}" for node, why in self.unseen.items()]
         return [f"{self.role} {self.path}: {p}" for p in out]
 
+    def repaired(self) -> list[dict[str, str]]:
+        """Files that were on a node but bad (not missing) and were downloaded again: news about that disk."""
+        rows = []
+        for node, report in self.verified.items():
+            fetched = {c.path: c for c in self.fetched[node].checks} if node in self.fetched else {}
+            for check in report.bad:
+                if check.problem != "missing" and check.path in fetched and fetched[check.path].ok:
+                    rows.append({"node": node, "file": check.path, "found": check.problem, "now": "downloaded again"})
+        return rows
+
     def changed_revision(self) -> dict[str, str]:
         """Nodes whose copy was of another commit when this run found it."""
         return {
@@ -141,6 +151,7 @@ class CheckpointOutcome:
             "bytes": self.listing.total_bytes,
             "nodes": self.node_rows(),
             "changed_revision": self.changed_revision(),
+            "repaired": self.repaired(),
             "problems": self.problems(),
         }
 

@@ -50,8 +50,10 @@ def job(
     fetch: Iterable[str] = (),
     headers: Mapping[str, str] | None = None,
     read: Iterable[str] = (),
+    full: bool = False,
 ) -> bytes:
-    """The JSON job for one node; headers may hold a token, which is why this goes on stdin."""
+    """The JSON job for one node; headers may hold a token, which is why this goes on stdin.
+    `full` (verify): hash every file whatever the node's manifest vouches for."""
     if op not in ("stat", "verify", "fetch"):
         raise ValueError(f"unknown agent op {op!r}")
     urls = urls or {}
@@ -72,6 +74,7 @@ def job(
         "fetch": fetch,
         "headers": dict(headers or {}),
         "read": list(read),
+        "full": full,
     }
     return json.dumps(body).encode()
 
@@ -108,19 +111,24 @@ def parse_result(node: str, result: CommandResult) -> NodeReport:
         raise NodeAgentError(node, f"the models agent failed: {tail}")
     if "error" in data:
         raise NodeAgentError(node, f"the models agent failed: {data['error']}")
-    manifest = Manifest.from_dict(data["manifest"]) if data.get("manifest") else None
-    return NodeReport(
-        node=node,
-        fingerprint=data["fingerprint"],
-        missing_bytes=int(data["missing_bytes"]),
-        free_bytes=int(data["free_bytes"]),
-        device=int(data["device"]),
-        checks=tuple(FileCheck(**c) for c in data.get("checks", [])),
-        hashed=tuple(data.get("hashed", [])),
-        manifest=manifest,
-        documents=dict(data.get("documents", {})),
-        previous_commit=data.get("previous_commit"),
-    )
+    try:
+        manifest = Manifest.from_dict(data["manifest"]) if data.get("manifest") else None
+        return NodeReport(
+            node=node,
+            fingerprint=data["fingerprint"],
+            missing_bytes=int(data["missing_bytes"]),
+            free_bytes=int(data["free_bytes"]),
+            device=int(data["device"]),
+            checks=tuple(FileCheck(**c) for c in data.get("checks", [])),
+            hashed=tuple(data.get("hashed", [])),
+            manifest=manifest,
+            documents=dict(data.get("documents", {})),
+            previous_commit=data.get("previous_commit"),
+        )
+    except KeyError as err:  # an agent of another version, or a result cut short
+        raise NodeAgentError(node, f"the models agent's result lacks {err}") from None
+    except (TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise NodeAgentError(node, f"the models agent's result is not readable: {err}") from None
 
 
 def parse_progress(line: str) -> dict[str, Any] | None:
@@ -129,9 +137,13 @@ def parse_progress(line: str) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(line[len(node_agent.PROGRESS) :])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _byte_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 class ProgressBoard:
@@ -145,8 +157,8 @@ class ProgressBoard:
 
     def on_output(self, node: str, stream: str, line: str) -> None:
         data = parse_progress(line) if stream == "stderr" else None
-        if data is None:
-            return
+        if data is None or not all(_byte_count(data.get(key)) for key in ("done", "total")):
+            return  # not the agent's progress line
         self.nodes[node] = (int(data["done"]), int(data["total"]))
         now = time.monotonic()
         if now - self._last >= self.every_s or all(d >= t for d, t in self.nodes.values()):

@@ -123,10 +123,13 @@ def verify_checkpoint(
     checkpoint: Checkpoint,
     listing: Listing,
     stats: dict[str, NodeReport],
+    full: bool = False,
 ) -> dict[str, NodeReport]:
-    """Hash on every node whatever its manifest cannot vouch for; the nodes write their manifests."""
-    board = _progress_reporter(f"verifying {checkpoint.role} {checkpoint.repo}")
-    jobs = dict.fromkeys(stats, job("verify", checkpoint.path, listing, threads=models.threads, read=DOCUMENTS))
+    """Hash on every node whatever its manifest cannot vouch for (everything, when `full`); the nodes write
+    their manifests. A full verify is never answered from the cache (the flow refreshes it)."""
+    board = _progress_reporter(f"{'fully ' if full else ''}verifying {checkpoint.role} {checkpoint.repo}")
+    body = job("verify", checkpoint.path, listing, threads=models.threads, read=DOCUMENTS, full=full)
+    jobs = dict.fromkeys(stats, body)
     what = f"verifying {checkpoint.role} {checkpoint.path}"
     with open_transports(cluster) as transports:
         return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm.npu_checks import ToolPaths
 from k3deploy.tasks.comm.report import first_line, outcome
@@ -33,7 +34,7 @@ _PRESENT_SCRIPT = 'for p; do if [ -e "$p" ]; then echo "present $p"; else echo "
 Cfg = DeploymentConfig
 
 
-class Unreadable(ValueError):
+class Unreadable(K3DeployError, ValueError):
     """The output does not hold the fact; the message says why (exit code, missing field)."""
 
 
@@ -87,7 +88,7 @@ def parse_df(text: str) -> dict[str, Any]:
     if header is None or header + 1 >= len(lines):
         raise Unreadable(f"no df -PB1 data line in: {first_line(text)}")
     parts = lines[header + 1].split(None, 5)
-    if len(parts) != 6 or not all(p.isdigit() for p in parts[1:4]):
+    if len(parts) != 6 or not all(p.isascii() and p.isdigit() for p in parts[1:4]):  # "²".isdigit(), int() refuses
         raise Unreadable(f"df line not understood: {lines[header + 1].strip()}")
     return {"filesystem": parts[0], "bytes_total": int(parts[1]), "bytes_available": int(parts[3]),
             "mount": parts[5]}  # fmt: skip
@@ -299,7 +300,9 @@ def parse_engine(info: Mapping[str, Any]) -> dict[str, Any]:
     version, api = info.get("Version"), info.get("ApiVersion")
     if not isinstance(version, str) or not version or not isinstance(api, str) or not api:
         raise Unreadable(f"the engine's version answer lacks Version or ApiVersion (keys: {', '.join(sorted(info))})")
-    components = [c["Name"] for c in info.get("Components") or [] if isinstance(c, Mapping) and c.get("Name")]
+    listed = info.get("Components")
+    components = [c["Name"] for c in (listed if isinstance(listed, list) else [])
+                  if isinstance(c, Mapping) and isinstance(c.get("Name"), str) and c["Name"]]  # fmt: skip
     return {"name": components[0] if components else "Engine", "version": version, "api_version": api,
             "components": components}  # fmt: skip
 

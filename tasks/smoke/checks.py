@@ -74,7 +74,7 @@ class Reply:
     def json(self) -> Any:
         try:
             return json.loads(self.text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def why(self) -> str:
@@ -140,10 +140,20 @@ def first_choice(reply: Reply) -> tuple[dict[str, Any] | None, str]:
     data = reply.json()
     if not isinstance(data, dict):
         return None, f"the answer is not JSON: {_cut(reply.text)}"
-    choices = data.get("choices") or []
+    choices = _list(data.get("choices"))
     if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
         return None, f"no choice with a message: {_cut(reply.text)}"
     return choices[0], ""
+
+
+def _list(value: Any) -> list[Any]:
+    """A JSON field that should hold a list; [] when it holds anything else."""
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    """A JSON field that should hold text; '' when it holds anything else."""
+    return value if isinstance(value, str) else ""
 
 
 def reasoning_of(message: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -165,9 +175,11 @@ def stream_events(text: str) -> tuple[list[dict[str, Any]], bool]:
             done = True
             continue
         try:
-            events.append(json.loads(data))
-        except ValueError:
+            event = json.loads(data)
+        except (ValueError, RecursionError):
             continue
+        if isinstance(event, dict):  # a chunk is an object; anything else is not one
+            events.append(event)
     return events, done
 
 
@@ -192,7 +204,7 @@ def check_chat(ctx: Context) -> CheckRun:
     choice, problem = first_choice(reply)
     if choice is None:
         return Outcome(False, problem, call.excerpt(), _cut(reply.text))
-    text, finish = choice["message"].get("content"), choice.get("finish_reason")
+    text, finish = _text(choice["message"].get("content")), choice.get("finish_reason")
     if not text:
         return Outcome(False, f"no generated text (finish_reason {finish})", call.excerpt(), _cut(reply.text))
     if not finish:
@@ -207,8 +219,8 @@ def check_streaming(ctx: Context) -> CheckRun:
     if reply.status != 200:
         return Outcome(False, reply.why(), call.excerpt())
     events, done = stream_events(reply.text)
-    deltas = [c.get("delta") or {} for e in events for c in e.get("choices") or []]
-    text = "".join(str(d.get("content") or "") for d in deltas)
+    deltas = [c.get("delta") for e in events for c in _list(e.get("choices")) if isinstance(c, dict)]
+    text = "".join(str(d.get("content") or "") for d in deltas if isinstance(d, dict))
     if not events:
         return Outcome(False, "no chunks arrived", call.excerpt(), _cut(reply.text))
     if not done:
@@ -230,7 +242,7 @@ def check_image(ctx: Context) -> CheckRun:
     choice, problem = first_choice(reply)
     if choice is None:
         return Outcome(False, problem, call.excerpt(), _cut(reply.text))
-    text = choice["message"].get("content")
+    text = _text(choice["message"].get("content"))
     if not text:
         return Outcome(False, "no text about the image", call.excerpt(), _cut(reply.text))
     return Outcome(True, f"answered {len(text)} characters", call.excerpt(), _cut(text))
@@ -238,17 +250,18 @@ def check_image(ctx: Context) -> CheckRun:
 
 def judge_tool_call(message: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The first tool call if it names a declared tool with arguments that parse and fit its schema."""
-    calls = message.get("tool_calls") or []
+    calls = _list(message.get("tool_calls"))
     if not calls:
         return None, f"no tool_calls entry; content: {_cut(str(message.get('content')))}"
-    function = calls[0].get("function") or {}
+    function = calls[0].get("function") if isinstance(calls[0], dict) else None
+    function = function if isinstance(function, dict) else {}
     declared = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     name = function.get("name")
-    if name not in declared:
+    if not isinstance(name, str) or name not in declared:
         return None, f"called {name!r}, which the request never declared (declared: {', '.join(declared)})"
     try:
-        arguments = json.loads(function.get("arguments") or "")
-    except ValueError:
+        arguments = json.loads(_text(function.get("arguments")))
+    except (ValueError, RecursionError):
         return None, f"{name} arguments are not JSON: {_cut(str(function.get('arguments')))}"
     try:
         jsonschema.validate(arguments, declared[name])
@@ -293,7 +306,7 @@ def check_reasoning(ctx: Context) -> CheckRun:
         return Outcome(False, problem, call.excerpt(), _cut(reply.text))
     message, finish = choice["message"], choice.get("finish_reason")
     reasoning, field_name = reasoning_of(message)
-    content = message.get("content") or ""
+    content = _text(message.get("content"))
     if reasoning is None:
         return Outcome(False, f"no parsed reasoning (finish_reason {finish})", call.excerpt(), _cut(content))
     if not content and not message.get("tool_calls"):

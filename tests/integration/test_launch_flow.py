@@ -37,6 +37,7 @@ def test_four_containers_start_in_order_become_ready_and_teardown_twice_is_harml
     clients = bed_nodes["clients"]
     containers = {n: clients[n].containers.get(NAME) for n in clients}
     assert {c.labels[RUN_LABEL] for c in containers.values()} == {record["run_id"]}
+    assert not any(c.attrs["HostConfig"]["Privileged"] for c in containers.values())  # never privileged
     started = [containers[n].attrs["State"]["StartedAt"] for n in ("node0", "node1", "node2", "node3")]
     assert started == sorted(started)  # node 0 first, then ranks 1..3
     seen = {(row["node"], row["milestone"]) for row in record["milestones"]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,12 @@ def verdicts(run_id: Any) -> tuple[dict[str, str], dict[str, Any]]:
     return {s["stage"]: s["verdict"] for s in document["stages"]}, document
 
 
+def served_sockets() -> list[str]:
+    """Listening TCP/UDP addresses of vLLM's processes (named VLLM::… or vllm), as `ss` shows them."""
+    out = subprocess.run(["ss", "-Hltunp"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[4] for line in out.splitlines() if '"VLLM::' in line or '("vllm"' in line]
+
+
 def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(prefect_server, tmp_path):
     config = profile(tmp_path)
     state = validate(config=config, keep_serving=True, return_state=True)
@@ -115,6 +122,9 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
         reasoning = message.get("reasoning") or message.get("reasoning_content")
         assert reasoning and "get_weather" in reasoning and reasoning not in (message.get("content") or "")
+        listening = served_sockets()
+        assert any(address.endswith(f":{cfg.serve.service_port}") for address in listening)
+        assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # nothing beyond loopback
     finally:
         removed = teardown(config=config)
     assert sorted(removed.data["removed"]["local0"] + removed.data["removed"]["local1"]) == [

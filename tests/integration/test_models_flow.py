@@ -60,6 +60,7 @@ def as_record(result: StageResult) -> dict[str, Any]:
 
 def run_models(tmp_path: Path, bed, hub: HubServer, repo: str, hosts: int = 4, **changes: Any) -> dict[str, Any]:
     download = changes.pop("download", True)
+    full_verify = changes.pop("full_verify", False)
     data = bed_config(
         bed,
         hosts,
@@ -68,7 +69,8 @@ def run_models(tmp_path: Path, bed, hub: HubServer, repo: str, hosts: int = 4, *
         models__target={"repo": repo, **changes.pop("target", {})},
         **changes,
     )
-    result = models(config=write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data), download=download)
+    config = write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data)
+    result = models(config=config, download=download, full_verify=full_verify)
     return as_record(result)
 
 
@@ -211,3 +213,43 @@ def test_interrupted_download_resumes_where_it_stopped(prefect_server, testbed, 
     assert file_gets(hub, repo) == [(SHARD, f"bytes={kept}-")]  # only the rest of the one unfinished file
     assert node_sha256(nodes["node0"], f"/srv/models/resume/{SHARD}") == hashlib.sha256(files[SHARD]).hexdigest()
     assert sh(nodes["node0"], f"test -e {partial} && echo left || echo gone").strip() == "gone"
+
+
+@pytest.mark.faults
+def test_a_flipped_byte_with_size_and_mtime_kept_is_found_only_by_a_full_verify_and_reported(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """The quick check trusts size and mtime; a disk that flips a byte passes it. --full-verify does not."""
+    repo = "k3test/bitrot"
+    files = checkpoint_files(2)
+    publish(hub.root, repo, files)
+    assert run_models(tmp_path, testbed, hub, repo)["verdict"] == "pass"
+    victim = f"/srv/models/bitrot/{SHARD}"
+    flip = f"cp -p {victim} /tmp/ref && printf 'X' | dd of={victim} bs=1 seek=1000 conv=notrunc status=none"
+    sh(nodes["node1"], f"{flip} && touch -r /tmp/ref {victim} && rm /tmp/ref")  # size and mtime as before
+
+    quick = run_models(tmp_path, testbed, hub, repo)
+    assert quick["verdict"] == "pass"  # what the quick check cannot see (the README says so)
+
+    hub.clear_requests()
+    full = run_models(tmp_path, testbed, hub, repo, full_verify=True)
+    assert full["verdict"] == "pass"  # repaired ...
+    want = hashlib.sha256(files[SHARD]).hexdigest()
+    (row,) = full["checkpoints"][0]["repaired"]  # ... and reported: node, file, expected and actual hash
+    assert (row["node"], row["file"]) == ("node1", SHARD)
+    assert f"does not match the hub's {want}" in row["found"] and "sha256 " in row["found"]
+    assert file_gets(hub, repo) == [(SHARD, None)]
+    hashed = {r["node"]: r["hashed files"] for r in full["checkpoints"][0]["nodes"]}
+    assert hashed == dict.fromkeys(("node0", "node1", "node2", "node3"), len(files))  # every file, every node
+    assert node_sha256(nodes["node1"], victim) == want
+
+
+@pytest.mark.faults
+def test_a_deleted_manifest_means_hashing_not_a_cache_hit(prefect_server, testbed, hub, nodes, tmp_path):
+    repo = "k3test/nomanifest"
+    publish(hub.root, repo, checkpoint_files(2))
+    assert run_models(tmp_path, testbed, hub, repo)["verdict"] == "pass"
+    sh(nodes["node3"], f"rm /srv/models/nomanifest/{MANIFEST_NAME}")
+    record = run_models(tmp_path, testbed, hub, repo)
+    hashed = {r["node"]: r["hashed files"] for r in record["checkpoints"][0]["nodes"]}
+    assert hashed["node3"] > 0 and hashed["node0"] == 0  # node3 had nothing to vouch for its files
