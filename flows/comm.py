@@ -6,7 +6,7 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import CommStageFailed
 from k3deploy.stage import StageResult
 from k3deploy.tasks.comm.report import CommReport
-from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, findings
+from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, findings, reach_every_node
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -17,10 +17,12 @@ def comm(config: ConfigSource, fresh: bool = False) -> StageResult:
     With no NPUs declared (`cluster.npus_per_node: 0`) only the host checks run; the NPU groups are
     recorded as not applicable, with the reason, in `data["not_applicable"]` and the summary.
     A pass is reused for an hour for the same nodes (a rerun of a later stage); `fresh` runs it anyway.
+    Every run connects to every node first, with its pinned host key, whatever is reused.
     """
     cfg = resolve_config(config)
     run = StageRun("comm", CommStageFailed)
     with run.guard():
+        reach_every_node(cfg)  # a cached pass may skip the checks, never the host keys
         try:
             report: CommReport = comm_checks.with_options(refresh_cache=fresh)(cfg)
         except CommChecksFailed as err:

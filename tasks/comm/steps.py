@@ -8,14 +8,16 @@ from datetime import timedelta
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.variables import Variable
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import K3DeployError, TransportError
 from k3deploy.stage import Finding
 from k3deploy.tasks.comm.report import CommReport
 from k3deploy.tasks.comm.runner import run_comm_checks
+from k3deploy.tasks.transport.base import run_all
 from k3deploy.tasks.transport.factory import open_transports
 
 
@@ -58,6 +60,16 @@ def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
     """The same nodes, addresses, NICs, NPU count and ports, and no failure since: a pass still holds."""
     cfg: DeploymentConfig = parameters["cfg"]
     return f"comm-{_cluster_hash(cfg)}-{Variable.get(_epoch_variable(cfg), default=0)}"
+
+
+@task(name="reach every node", cache_policy=NO_CACHE)
+def reach_every_node(cfg: DeploymentConfig) -> None:
+    """Never cached: a reused pass still connects to every node and checks its pinned host key first."""
+    with open_transports(cfg.cluster) as transports:
+        results = run_all(transports, "true", timeout=60)
+    bad = {node: str(r) for node, r in results.items() if isinstance(r, TransportError)}
+    if bad:
+        raise K3DeployError("cannot reach or trust " + "; ".join(f"{n} ({why})" for n, why in bad.items()))
 
 
 # A pass is reused for an hour; a failed run is never cached, and it retires the passes before it.

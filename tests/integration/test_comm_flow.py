@@ -44,3 +44,21 @@ def test_a_failure_names_node_and_npu_and_is_not_reused(prefect_server, testbed,
     testbed_faults.clear()
     healed = comm(config=path, return_state=True)  # the failure was not cached: the checks run again
     assert healed.is_completed() and task_state(healed) == "Completed"
+
+
+@pytest.mark.faults
+def test_a_reused_pass_still_refuses_a_node_whose_host_key_changed(prefect_server, testbed, tmp_path):
+    """The hour-long reuse of a pass skips the checks, never the connection and its pinned host key."""
+    pinned = tmp_path / "known_hosts"
+    pinned.write_text(Path(testbed.known_hosts).read_text())
+    data = bed_config(testbed)
+    data["cluster"]["ssh"]["known_hosts"] = str(pinned)
+    path = write_config(tmp_path / "site.yaml", data)
+    assert comm(config=path, fresh=True, return_state=True).is_completed()
+    node0, node2 = testbed.host("node0").ip, testbed.host("node2").ip
+    lines = pinned.read_text().splitlines()
+    other = next(line for line in lines if line.startswith(f"{node0} ")).split(" ", 1)[1]
+    pinned.write_text("\n".join(f"{node2} {other}" if line.startswith(f"{node2} ") else line for line in lines))
+    with pytest.raises(CommStageFailed) as failed:
+        comm(config=path)  # not fresh: the pass of a minute ago would be reused
+    assert "node2" in str(failed.value) and "host key CHANGED" in str(failed.value)

@@ -78,6 +78,20 @@ def test_missing_image_fails_naming_every_node_and_the_registry_answer(prefect_s
         assert f"{node}: pulling {pinned(testbed)['image__ref']}@{absent} failed: " in message
 
 
+@pytest.mark.faults
+def test_a_registry_that_is_down_fails_the_pull_naming_every_node_and_the_registry(prefect_server, testbed, tmp_path):
+    """Nothing listens at the registry's address (on the bed's bridge): every node's engine says so."""
+    down = "10.213.0.250:5000"
+    repository = pinned(testbed)["image__ref"].split("/", 1)[1]
+    with pytest.raises(K3DeployError) as failed:
+        run_image(tmp_path, testbed, image__ref=f"{down}/{repository}", image__digest=testbed.image_digest)
+    message = str(failed.value)
+    assert "failed on 4 node(s)" in message
+    for node in ("node0", "node1", "node2", "node3"):
+        assert f"{node}: pulling {down}/{repository}@{testbed.image_digest} failed: " in message
+    assert message.count(down) >= 4
+
+
 def _build(client, tag: str, dockerfile: str) -> str:
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:

@@ -27,7 +27,7 @@ from tests.checkpoints import SHARD, checkpoint_files
 from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
-TEST_CHECKPOINTS = ("fresh", "corrupt", "revisions", "nospace", "resume")
+TEST_CHECKPOINTS = ("fresh", "corrupt", "revisions", "nospace", "resume", "bitrot", "nomanifest")
 
 
 @pytest.fixture(scope="module")
