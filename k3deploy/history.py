@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
+from k3deploy.tasks.bench.results import BenchRun, higher_is_better
+from k3deploy.tasks.bench.results import compare as bench_compare
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
 MAD_FACTOR = 3.0  # tolerance = MAD_FACTOR × 1.4826 × MAD (a robust 3 sigma) ...
@@ -129,7 +132,7 @@ def figures(record: RunRecord) -> dict[str, Figure]:
             value = run.get("figures", {}).get(metric)
             if isinstance(value, int | float):
                 key = f"bench {run['workload']} c{run['concurrency']} {metric}"
-                out[key] = Figure(key, float(value), not metric.endswith("_ms"))
+                out[key] = Figure(key, float(value), higher_is_better(metric))
     accuracy = record.stage("accuracy")
     for score in accuracy.data.get("scores", []) if accuracy else []:
         key = f"accuracy {score['evaluator']} {score['dataset']} {score['metric']}"
@@ -224,7 +227,7 @@ def compare(
             verdicts.append(
                 judge_baseline(figure, base_figures[key].value, factor, f"baseline run {baseline.run_id[:8]}")  # type: ignore[union-attr]
             )
-        verdicts += _config_baselines(record, figure)
+    verdicts += _config_baselines(record)
     overall = Verdict.PASS
     if any(v.verdict is Verdict.REGRESSED for v in verdicts):
         overall = Verdict.REGRESSED
@@ -245,14 +248,15 @@ def compare(
     )
 
 
-def _config_baselines(record: RunRecord, figure: Figure) -> list[MetricVerdict]:
-    """The `bench.baselines` of the run's own config that apply to this figure."""
+def _config_baselines(record: RunRecord) -> list[MetricVerdict]:
+    """The run's own `bench.baselines`, judged by the bench stage's rule (tasks/bench/results.compare)."""
+    baselines = [Baseline.model_validate(b) for b in _get(record.config, "bench.baselines") or []]
+    bench = record.stage("bench")
     out = []
-    for base in _get(record.config, "bench.baselines") or []:
-        parts = figure.key.split(" ")
-        if parts[0] != "bench" or parts[3] != base["metric"] or parts[1] != base.get("workload", "random"):
-            continue
-        if base.get("concurrency") not in (None, int(parts[2][1:])):
-            continue
-        out.append(judge_baseline(figure, float(base["value"]), float(base.get("threshold", 0.9)), "bench.baselines"))
+    for run in bench.data.get("runs", []) if bench and baselines else []:
+        for c in bench_compare(BenchRun(**run), baselines):
+            key = f"bench {run['workload']} c{run['concurrency']} {c.metric}"
+            seen = "missing" if c.value is None else f"{c.value:.4g}"
+            why = f"{seen} {'meets' if c.ok else 'misses'} bench.baselines: {c.rule}"
+            out.append(MetricVerdict(key, c.value or 0.0, Verdict.PASS if c.ok else Verdict.REGRESSED, why))
     return out

@@ -208,12 +208,14 @@ def history_charts(record: RunRecord, comparison: Comparison, history: Sequence[
     charts = []
     order = {run_id: i for i, run_id in enumerate(comparison.history_runs)}
     ordered = sorted((r for r in history if r.run_id in order), key=lambda r: order[r.run_id])
+    series = [(r.run_id, figures(r)) for r in ordered]  # once per run, not once per metric
+    judged = (*BENCH_METRICS, *_accuracy_metrics(record))
     for m in comparison.metrics:
-        if m.median is None or m.key.split(" ")[-1] not in (*BENCH_METRICS, *_accuracy_metrics(record)):
+        if m.median is None or m.key.split(" ")[-1] not in judged:
             continue
-        values = [(float(i), figures(r)[m.key].value) for i, r in enumerate(ordered) if m.key in figures(r)]
+        values = [(float(i), fig[m.key].value) for i, (_, fig) in enumerate(series) if m.key in fig]
         values.append((float(len(ordered)), m.value))
-        ticks = [r.run_id[:6] for r in ordered if m.key in figures(r)] + ["this run"]
+        ticks = [run_id[:6] for run_id, fig in series if m.key in fig] + ["this run"]
         band = (m.low, m.high) if m.low is not None and m.high is not None else None
         title = f"{m.key.removeprefix('bench ')} ({m.verdict.value})"
         charts.append(line_chart(title, [(m.key.split(" ")[-1], values)], "run", "", band=band, x_ticks=ticks))

@@ -43,6 +43,13 @@ def deployment(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     assert not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)
 
 
+def with_expert_parallelism(config: str, tmp_path: Path) -> str:
+    """The same deployment served with --enable-expert-parallel over its two DP ranks."""
+    data = yaml.safe_load(Path(config).read_text())
+    data["serve"] |= {"enable_expert_parallel": True, "expert_parallel_size": 2}
+    return write_config(tmp_path / "ep.yaml", data)
+
+
 def findings(failed: pytest.ExceptionInfo[Any]) -> dict[str, str]:
     return {f"{f.subject} {f.check}": f.detail for f in failed.value.result.findings if not f.ok}
 
@@ -80,9 +87,7 @@ def test_smoke_fails_naming_the_node_when_a_rank_dies_after_launch(prefect_serve
 def test_with_expert_parallelism_node0_is_ready_only_after_the_slow_rank_joined(prefect_server, deployment, tmp_path):
     """EP: node 0 cannot finish start-up until every rank has loaded; launch waits for it, not for /health."""
     config, control = deployment
-    data = yaml.safe_load(Path(config).read_text())
-    data["serve"] |= {"enable_expert_parallel": True, "expert_parallel_size": 2}
-    ep_config = write_config(tmp_path / "ep.yaml", data)
+    ep_config = with_expert_parallelism(config, tmp_path)
     control.write_text(json.dumps({"K3SIM_STARTUP_S_DP1": 4}))  # the headless rank loads 8x slower than node 0
     result = launch(config=ep_config)
     seen = {(m["node"], m["milestone"]): m["seconds"] for m in result.data["milestones"]}
@@ -96,9 +101,7 @@ def test_with_expert_parallelism_node0_is_ready_only_after_the_slow_rank_joined(
 def test_with_expert_parallelism_a_dead_rank_stalls_every_request(prefect_server, deployment, tmp_path):
     """EP: every step is an all-to-all over all ranks, so one dead rank stalls all requests, not a share."""
     config, _control = deployment
-    data = yaml.safe_load(Path(config).read_text())
-    data["serve"] |= {"enable_expert_parallel": True, "expert_parallel_size": 2}
-    ep_config = write_config(tmp_path / "ep.yaml", data)
+    ep_config = with_expert_parallelism(config, tmp_path)
     launch(config=ep_config)
     os.killpg(int((tmp_path / "serving" / "vllm-kimi-k3-local1" / "pid").read_text()), signal.SIGKILL)
     with pytest.raises(SmokeStageFailed) as failed:
