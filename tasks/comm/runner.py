@@ -207,7 +207,11 @@ def _run_batches(
             for name, chunk in chunks.items()
             if chunk
         }
-        results = run_all({name: transports[name] for name in scripts}, scripts, timeout) if scripts else {}
+        # Queries only (npu-smi, hccn_tool, ip, ss, cat, ping): a script whose connection drops runs again.
+        targets = {name: transports[name] for name in scripts}
+        results = (
+            run_all(targets, scripts, timeout, idempotent=True, purpose="running the comm checks") if targets else {}
+        )
         for name, result in results.items():
             if isinstance(result, CommandTimeout):
                 rows.append(fail(name, None, "batch", f"checks did not finish within {timeout:g}s: {result}"))

@@ -66,7 +66,7 @@ def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
 def reach_every_node(cfg: DeploymentConfig) -> None:
     """Never cached: a reused pass still connects to every node and checks its pinned host key first."""
     with open_transports(cfg.cluster) as transports:
-        results = run_all(transports, "true", timeout=60)
+        results = run_all(transports, "true", timeout=60, idempotent=True, purpose="checking the node answers")
     bad = {node: str(r) for node, r in results.items() if isinstance(r, TransportError)}
     if bad:
         raise K3DeployError("cannot reach or trust " + "; ".join(f"{n} ({why})" for n, why in bad.items()))

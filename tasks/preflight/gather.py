@@ -91,7 +91,11 @@ def run_fact_scripts(
         for name, plan in plans.items()
         if plan
     }
-    results = run_all({name: transports[name] for name in scripts}, scripts, timeout) if scripts else {}
+    # Only reads the node: a connection that drops mid-script is reconnected and the script run again.
+    targets = {name: transports[name] for name in scripts}
+    results = (
+        run_all(targets, scripts, timeout, idempotent=True, purpose="reading the preflight facts") if targets else {}
+    )
     for name, result in results.items():
         got = outputs[name]
         if isinstance(result, CommandTimeout):

@@ -19,6 +19,7 @@ from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     TIMEOUT_EXIT_CODES,
     Command,
+    CommandInterrupted,
     CommandResult,
     OutputCallback,
     OutputCollector,
@@ -171,6 +172,13 @@ class SSHTransport:
                 self._client.close()
                 self._client = None
 
+    def _forget(self, connection: paramiko.Transport | None) -> None:
+        """Close a connection a command lost (the next run reconnects), unless another thread has replaced it."""
+        with self._lock:
+            if self._client is not None and self._client.get_transport() in (connection, None):
+                self._client.close()
+                self._client = None
+
     # -- commands -----------------------------------------------------------------------------
 
     def _open_session(self) -> paramiko.Channel:
@@ -185,9 +193,21 @@ class SSHTransport:
                     raise ConnectionFault(self.host, f"cannot open an SSH session: {err}") from None
         raise AssertionError("unreachable")
 
+    @staticmethod
+    def _dropped(channel: paramiko.Channel) -> bool:
+        """True when a channel ended without an exit status because the connection went, not the command.
+
+        paramiko closes every channel of a dead connection and reports -1 for the status it never
+        got, as for a command killed by a signal (sshd sends exit-signal, which paramiko ignores). The
+        signal's case has seen the command's end of output on a live connection; a drop has not.
+        """
+        connection = channel.get_transport()
+        return not channel.eof_received or connection is None or not connection.is_active()
+
     def run(
         self, command: Command, timeout: float, on_output: OutputCallback | None = None, stdin: bytes | None = None
     ) -> CommandResult:
+        """Run `command` once on the node; a connection that drops after it was sent raises CommandInterrupted."""
         text = shell_command(command)
         channel = self._open_session()
         collector = OutputCollector(self.host, on_output)
@@ -214,9 +234,12 @@ class SSHTransport:
                 while channel.recv_stderr_ready():
                     collector.feed("stderr", channel.recv_stderr(65536))
             code = channel.recv_exit_status()
+            if code == -1 and self._dropped(channel):
+                raise EOFError("the connection closed before the command's exit status came")
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            self.close()
-            raise ConnectionFault(self.host, f"connection lost while running {text!r}: {exc}") from None
+            self._forget(channel.get_transport())
+            cause = f"{str(exc) or type(exc).__name__}, after {time.monotonic() - started:.1f}s"
+            raise CommandInterrupted(self.host, text, cause) from None
         finally:
             channel.close()
         duration = time.monotonic() - started

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import pickle
 import shlex
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import CommandFailed, CommandTimeout
-from k3deploy.tasks.transport import LocalTransport, run_all, transports_for
-from k3deploy.tasks.transport.base import OutputCollector, shell_command, with_timeout
+from k3deploy.errors import CommandFailed, CommandTimeout, ConnectionFault
+from k3deploy.tasks.transport import (
+    CommandInterrupted,
+    CommandResult,
+    LocalTransport,
+    RetryPolicy,
+    run_all,
+    run_idempotent,
+    run_once,
+    transports_for,
+)
+from k3deploy.tasks.transport.base import OutputCollector, brief, shell_command, with_timeout
 from k3deploy.tasks.transport.ssh import SSHTransport
 
 pytestmark = pytest.mark.transport
@@ -94,3 +106,119 @@ def test_transports_follow_the_configuration():
     data["cluster"]["transport"] = "local"
     local = transports_for(parse_config(data).cluster)
     assert all(isinstance(t, LocalTransport) for t in local.values())
+
+
+# -- a connection dropped mid-command: run again only what is idempotent ----------------------------
+
+
+class DropsThenAnswers:
+    """A Transport whose connection drops during the first `drops` runs (as SSHTransport reports it)."""
+
+    def __init__(self, host: str, drops: int, error: Exception | None = None) -> None:
+        self.host, self.drops, self.error, self.runs = host, drops, error, 0
+
+    def run(self, command, timeout, on_output=None, stdin=None) -> CommandResult:
+        self.runs += 1
+        if self.error is not None:
+            raise self.error
+        if self.runs <= self.drops:
+            raise CommandInterrupted(self.host, command, f"EOF, after {self.runs}.0s")
+        return CommandResult(self.host, command, 0, f"run {self.runs}\n", "", 0.01)
+
+    def close(self) -> None: ...
+
+
+def test_retry_policy_pauses_grow_and_are_bounded():
+    assert list(RetryPolicy().pauses()) == [0.5, 1.0]
+    assert list(RetryPolicy(attempts=4, first_pause_s=0.2, factor=3).pauses()) == pytest.approx([0.2, 0.6, 1.8])
+    assert list(RetryPolicy(attempts=1).pauses()) == []
+    for bad in ({"attempts": 0}, {"first_pause_s": -1}, {"factor": 0.5}):
+        with pytest.raises(ValueError):
+            RetryPolicy(**bad)
+
+
+def test_idempotent_command_is_run_again_after_drops_and_each_retry_is_logged(caplog):
+    node, pauses = DropsThenAnswers("node1", drops=2), []
+    with caplog.at_level(logging.WARNING, logger="k3deploy.transport"):
+        result = run_idempotent(node, "cat /etc/hccn.conf", 10, purpose="reading hccn.conf", sleep=pauses.append)
+    assert (result.stdout, node.runs, pauses) == ("run 3\n", 3, [0.5, 1.0])
+    assert [r.getMessage() for r in caplog.records] == [
+        "node1: connection dropped while reading hccn.conf (attempt 1 of 3: EOF, after 1.0s); "
+        "it only reads, so it runs again in 0.5s",
+        "node1: connection dropped while reading hccn.conf (attempt 2 of 3: EOF, after 2.0s); "
+        "it only reads, so it runs again in 1s",
+    ]
+
+
+def test_idempotent_command_gives_up_after_its_attempts_naming_node_and_purpose():
+    node = DropsThenAnswers("node2", drops=99)
+    with pytest.raises(CommandInterrupted) as info:
+        run_idempotent(
+            node, "npu-smi info", 10, purpose="reading npu-smi", policy=RetryPolicy(2, 0), sleep=lambda s: None
+        )
+    assert node.runs == 2
+    assert str(info.value) == (
+        "node2: connection dropped while reading npu-smi ('npu-smi info'), on each of 2 attempt(s), the last: "
+        "EOF, after 2.0s; it only reads the node, but the connection kept dropping: gave up"
+    )
+    assert isinstance(info.value, ConnectionFault) and info.value.attempts == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionFault("node0", "cannot reach 10.0.0.1:22 within 2s"),  # connecting was already retried with backoff
+        CommandTimeout("node0", "killed on the node after 10s"),  # an answer: it ran too long
+    ],
+    ids=["unreachable", "timeout"],
+)
+def test_only_a_drop_mid_command_is_retried(error):
+    node = DropsThenAnswers("node0", drops=0, error=error)
+    with pytest.raises(type(error)) as info:
+        run_idempotent(node, "true", 10, purpose="checking", sleep=lambda s: pytest.fail("no retry expected"))
+    assert info.value is error and node.runs == 1
+
+
+def test_command_that_changes_the_node_is_never_run_again_and_its_result_is_unknown():
+    node = DropsThenAnswers("node3", drops=1)
+    with pytest.raises(CommandInterrupted) as info:
+        run_once(node, "docker run -d vllm", 10, purpose="starting the vLLM container")
+    assert node.runs == 1
+    assert str(info.value).startswith(
+        "node3: connection dropped while starting the vLLM container ('docker run -d vllm'): EOF, after 1.0s; "
+        "its result is unknown"
+    )
+
+
+def test_fan_out_retries_only_when_told_the_command_is_idempotent():
+    def nodes() -> dict[str, DropsThenAnswers]:
+        return {"a": DropsThenAnswers("a", drops=1), "b": DropsThenAnswers("b", drops=0)}
+
+    once = nodes()
+    results = run_all(once, "stat /srv/models", 10)
+    assert isinstance(results["a"], CommandInterrupted) and results["b"].stdout == "run 1\n"  # type: ignore[union-attr]
+    assert [t.runs for t in once.values()] == [1, 1]
+    named = run_all(nodes(), "rm -rf /srv/models/x", 10, purpose="removing a checkpoint")
+    assert "while removing a checkpoint (" in str(named["a"]) and "result is unknown" in str(named["a"])
+    again = nodes()
+    results = run_all(again, "stat /srv/models", 10, idempotent=True, purpose="reading the model root")
+    assert {n: r.stdout for n, r in results.items()} == {"a": "run 2\n", "b": "run 1\n"}  # type: ignore[union-attr]
+    assert [t.runs for t in again.values()] == [2, 1]
+
+
+def test_local_transport_runs_an_idempotent_command_once_with_its_result(tmp_path: Path):
+    log = tmp_path / "runs"
+    command = f"echo ran >> {shlex.quote(str(log))}; wc -l < {shlex.quote(str(log))}"
+    result = run_idempotent(LocalTransport("local0"), command, 10, purpose="counting")
+    assert (result.host, result.stdout.strip()) == ("local0", "1")
+    results = run_all({"l": LocalTransport("l")}, command, 10, idempotent=True, purpose="counting")
+    assert results["l"].stdout.strip() == "2"  # type: ignore[union-attr]
+
+
+def test_interrupted_survives_pickling_and_messages_stay_short():
+    script = "T=abc\n" + "r 0 npu-smi info &\n" * 500
+    err = CommandInterrupted("node1", script, "EOF, after 3.0s", purpose="running the comm checks")
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), str(back), back.host, back.purpose) == (CommandInterrupted, str(err), "node1", err.purpose)
+    assert "('T=abc…')" in str(err) and len(str(err)) < 400  # a kilobyte script is named by its purpose
+    assert brief("x" * 200) == "x" * 80 + "…" and brief("ls -l") == "ls -l"
