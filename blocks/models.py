@@ -146,6 +146,17 @@ class ModelsConfig(StrictBlock):
     timeout_s: float = Field(
         default=172800, gt=0, description="Longest a download or a verification may run on one node (seconds)."
     )
+    read_timeout_s: float = Field(
+        default=60,
+        gt=0,
+        description="A hub that sends no byte for this long is given up on and the file resumed with Range (seconds).",
+    )
+    download_retries: int = Field(
+        default=5,
+        ge=0,
+        le=100,
+        description="Resumes in a row without progress (a stall, a cut, HTTP 408/429/5xx) before a file fails.",
+    )
 
     @field_validator("hub_endpoint")
     @classmethod

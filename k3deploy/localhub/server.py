@@ -2,7 +2,8 @@
 
 Point the clients at it with ``HF_ENDPOINT=<url>`` / ``MODELSCOPE_ENDPOINT=<url>`` (or their
 ``endpoint=`` arguments). Files are published with `publish` (from `k3deploy.localhub.store`); faults are
-set with ``hub.faults`` or ``POST /_admin/faults`` (see `k3deploy.localhub.faults`).
+set with ``hub.faults`` or ``POST /_admin/faults`` (see `k3deploy.localhub.faults`): corrupt, drop_hash,
+truncate, slow, fail (an HTTP error status) and stall (bytes stop, connection open).
 
 Endpoints (everything the installed clients call for listing and downloading):
 
@@ -197,8 +198,18 @@ class _Handler(BaseHTTPRequestHandler):
         if wanted:
             headers["Content-Range"] = f"bytes {start}-{end}/{entry.size}"
         headers["Content-Length"] = str(length)
+        failure = self.server.faults.take_failure(repo_id, path) if self._method == "GET" else None
+        if failure is not None:
+            self._json(failure, {"error": f"injected fault: {failure} for {repo_id}/{path}"})
+            return
         cut = self.server.faults.take_cut(repo_id, path, start, end) if self._method == "GET" and length else None
         to_send = (cut - start) if cut is not None else length
+        stall = self.server.faults.take_stall(repo_id, path, start, end) if self._method == "GET" and length else None
+        pause_at = stall.at - start if stall is not None and stall.at < start + to_send else None
+        if stall is not None and pause_at is None:  # cut short before the stall point: nothing to hold
+            stall.released.set()
+            self.server.faults.wait_stall(repo_id, path, stall)
+            stall = None
         self._start(206 if wanted else 200, headers, to_send if self._method == "GET" else 0)
         if self._method == "HEAD":
             return
@@ -207,7 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
         with commit.blob_path(path).open("rb") as f:
             f.seek(start)
             while sent < to_send:
-                chunk = f.read(min(step, to_send - sent))
+                if stall is not None and sent == pause_at:  # the bytes before `at` are out: send nothing for a while
+                    self.server.faults.wait_stall(repo_id, path, stall)
+                    stall = None
+                limit = pause_at - sent if stall is not None and pause_at is not None else to_send - sent
+                chunk = f.read(min(step, limit))
                 sent += len(chunk)
                 if faults.rate:  # wait first, so the last byte leaves no earlier than size/rate
                     time.sleep(max(0.0, began + sent / faults.rate - time.monotonic()))
@@ -374,6 +389,7 @@ class HubServer:
 
     def stop(self) -> None:
         """Stop serving, close open connections and release the port."""
+        self._server.faults.release_stalls()  # a stalled response must not outlive the hub
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join()

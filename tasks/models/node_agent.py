@@ -14,13 +14,16 @@ without a second read.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import json
 import os
+import socket
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -140,9 +143,23 @@ def load_manifest(root: Path) -> Manifest | None:
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
-    tmp = root / f"{MANIFEST_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(manifest.to_json())
-    os.replace(tmp, root / MANIFEST_NAME)  # never a half-written manifest
+    tmp = root / f"{MANIFEST_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        tmp.write_text(manifest.to_json())
+        os.replace(tmp, root / MANIFEST_NAME)  # never a half-written manifest
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no stray temporary file either
+        raise
+
+
+def try_write_manifest(root: Path, manifest: Manifest) -> str:
+    """Write the manifest; on failure (a full disk) say why instead: the one on disk stays as it was, still true
+    of the files it lists, and a file it misses is hashed again by the next verify."""
+    try:
+        write_manifest(root, manifest)
+    except OSError as err:
+        return f"cannot write the manifest {root / MANIFEST_NAME}: {err.strerror or err}"
+    return ""
 
 
 def _now() -> str:
@@ -226,6 +243,14 @@ class FetchError(Exception):
     pass
 
 
+class DiskError(Exception):
+    """Writing the partial file failed (a full disk, a quota, a read-only mount): retrying cannot help."""
+
+
+RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})  # a hub or CDN having a bad moment
+BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
+
+
 class _Redirects(urllib.request.HTTPRedirectHandler):
     """Follow a hub's redirect (Hugging Face serves large files from another host) keeping Range, but never
     send the hub token to another host."""
@@ -245,10 +270,36 @@ def _open(url: str, headers: dict[str, str], start: int, timeout: float) -> Any:
     return _OPENER.open(request, timeout=timeout)
 
 
+def _is_timeout(err: BaseException) -> bool:
+    reason = getattr(err, "reason", None)  # urlopen wraps a connect timeout in URLError
+    return isinstance(err, socket.timeout) or isinstance(reason, socket.timeout)
+
+
+def _describe(err: BaseException, read_timeout: float) -> str:
+    """What went wrong with the hub, in words: the HTTP status, a read timeout, or the network error."""
+    if isinstance(err, urllib.error.HTTPError):
+        return f"the hub answered HTTP {err.code} {err.reason}"
+    if _is_timeout(err):
+        return f"the hub sent nothing for {read_timeout:g} s (read timeout)"
+    if isinstance(err, urllib.error.URLError):
+        return f"cannot reach the hub: {err.reason}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _disk_problem(err: OSError, partial: Path, have: int, size: int) -> str:
+    name = errno.errorcode.get(err.errno or 0, "")
+    why = f"{err.strerror or err} ({name})" if name else f"{err.strerror or err}"
+    return f"cannot write {partial}: {why}; {have} of {size} bytes kept there, the next run resumes from them"
+
+
 def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress) -> FileCheck:
-    """Download one file into a partial that survives interruption, hashing as it arrives; move it in place."""
+    """Download one file into a partial that survives interruption, hashing as it arrives; move it in place.
+
+    A network error, a read timeout (a stalled hub) or a transient HTTP status is retried with backoff,
+    resuming with a Range request from the last byte written; the count of retries starts again whenever an
+    attempt brought bytes. A local write error (ENOSPC) ends the file at once, its partial kept for a rerun.
+    """
     partial = root / PARTIAL_DIR / (expected.path + ".part")
-    partial.parent.mkdir(parents=True, exist_ok=True)
     hasher = _new_hasher(expected)
     have = partial.stat().st_size if partial.exists() else 0
     if have > expected.size:
@@ -257,32 +308,54 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
     if have:
         _feed(partial, hasher)  # resume: the bytes already here count towards the checksum
         progress.add(have, expected.path)
-    retries, attempt = int(job.get("retries", 5)), 0
+    retries, attempt, tries = int(job.get("retries", 5)), 0, 0
+    read_timeout = float(job.get("read_timeout_s", 60))
     while have < expected.size:
+        before, tries = have, tries + 1
         try:
-            with _open(expected.url, job.get("headers", {}), have, float(job.get("read_timeout_s", 60))) as response:
+            with _open(expected.url, job.get("headers", {}), have, read_timeout) as response:
                 if have and response.status != 206:  # the server ignored the range: start over
                     hasher, have = _new_hasher(expected), 0
-                with partial.open("ab" if have else "wb") as out:
+                try:
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    out = open(partial, "ab" if have else "wb", buffering=0)  # noqa: SIM115 - closed below
+                except OSError as err:
+                    raise DiskError(_disk_problem(err, partial, have, expected.size)) from err
+                with out:
                     while chunk := response.read1(NET_CHUNK):  # what has arrived: a kill loses little
                         if have + len(chunk) > expected.size:
                             raise FetchError(f"the hub sent more than the {expected.size} bytes it lists")
-                        out.write(chunk)
-                        hasher.update(chunk)
-                        have += len(chunk)
-                        progress.add(len(chunk), expected.path)
-        except (OSError, http.client.HTTPException) as err:
-            status = getattr(err, "code", None)
-            if status in (401, 403, 404) or attempt >= retries:
-                return FileCheck(expected.path, False, f"download failed after {attempt + 1} attempt(s): {err}")
-            attempt += 1
-            time.sleep(min(2**attempt * 0.25, 10))  # back off before resuming; not synchronisation
-            continue
+                        view = memoryview(chunk)
+                        while view:  # unbuffered: the file always holds exactly the `have` bytes hashed
+                            try:
+                                n = out.write(view)
+                            except OSError as err:
+                                raise DiskError(_disk_problem(err, partial, have, expected.size)) from err
+                            hasher.update(view[:n])
+                            have += n
+                            progress.add(n, expected.path)
+                            view = view[n:]
+        except DiskError as err:
+            return FileCheck(expected.path, False, str(err))
         except FetchError as err:
             partial.unlink(missing_ok=True)
             return FileCheck(expected.path, False, str(err))
-        if have < expected.size:  # the connection closed early without an error: resume
+        except (OSError, http.client.HTTPException) as err:
+            status = getattr(err, "code", None)
+            if have > before:
+                attempt = 0  # this attempt made progress: a long download on a flaky link keeps going
+            if (status is not None and status not in RETRY_STATUS) or attempt >= retries:
+                where = f"at byte {have} of {expected.size}" if have else "before any byte"
+                return FileCheck(
+                    expected.path,
+                    False,
+                    f"download failed after {tries} attempt(s), {where}: {_describe(err, read_timeout)}",
+                )
             attempt += 1
+            time.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))  # back off before resuming
+            continue
+        if have < expected.size:  # the connection closed early without an error: resume
+            attempt = 0 if have > before else attempt + 1
             if attempt > retries:
                 return FileCheck(expected.path, False, f"download stopped at {have} of {expected.size} bytes")
     problem = _mismatch(expected, hasher.hexdigest())
@@ -290,8 +363,11 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
         partial.unlink()
         return FileCheck(expected.path, False, f"downloaded file: {problem}")
     target = root / expected.path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(partial, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, target)
+    except OSError as err:
+        return FileCheck(expected.path, False, f"cannot move the downloaded file to {target}: {err}")
     return FileCheck(expected.path, True)
 
 
@@ -315,14 +391,16 @@ def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[Fil
         if check.ok:
             with lock:
                 manifest.files[expected.path] = _entry(root, expected)
-                write_manifest(root, manifest)
+                try_write_manifest(root, manifest)  # the last write below says whether it could be written
         return check
 
     with ThreadPoolExecutor(max_workers=max(1, int(job.get("threads", 2)))) as pool:
         checks = list(pool.map(one, wanted))
     if all(f.path in manifest.files for f in listing.files):
         manifest.commit = listing.commit
-    write_manifest(root, manifest)
+    problem = try_write_manifest(root, manifest)
+    if problem and all(c.ok for c in checks):  # else the files that failed (on that full disk) are the news
+        raise OSError(problem)
     return checks, manifest
 
 
@@ -406,7 +484,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         progress = Progress("verify", sum(f.size for f in listing.files))
         checks, manifest, hashed = verify_checkpoint(root, listing, vouching, int(job.get("threads", 2)), progress.add)
         if root.is_dir():
-            write_manifest(root, manifest)
+            try_write_manifest(root, manifest)  # a cache: a full disk must not hide what was verified
         result |= {"hashed": hashed, "previous_commit": previous.commit if previous else None}
     elif job["op"] == "fetch":
         checks, manifest = fetch_files(root, listing, job)

@@ -61,7 +61,9 @@ class CheckpointOutcome:
         commit = self.listing.commit
         for node, report in self.final.items():
             bad = [f"{c.path}: {c.problem}" for c in report.bad]
-            if bad:
+            if bad and node in self.fetched:  # what is bad after a download is what could not be downloaded
+                out.append(f"{node}: {len(bad)} file(s) of commit {commit} could not be downloaded: {_named(bad)}")
+            elif bad:
                 was = self.verified[node].previous_commit
                 held = f" (its manifest says commit {was})" if was and was != commit else ""
                 out.append(f"{node}: {len(bad)} file(s) do not match commit {commit}{held}: {_named(bad)}")

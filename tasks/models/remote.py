@@ -51,9 +51,15 @@ def job(
     headers: Mapping[str, str] | None = None,
     read: Iterable[str] = (),
     full: bool = False,
+    read_timeout_s: float = 60.0,
+    retries: int = 5,
 ) -> bytes:
     """The JSON job for one node; headers may hold a token, which is why this goes on stdin.
-    `full` (verify): hash every file whatever the node's manifest vouches for."""
+    `full` (verify): hash every file whatever the node's manifest vouches for. `read_timeout_s` (fetch): a hub
+    that sends no byte for this long is given up on and the file resumed; `retries`: how many times in a row
+    a file is resumed without progress (a stall, a cut, an HTTP 5xx) before it fails."""
+    if read_timeout_s <= 0 or retries < 0:
+        raise ValueError("read_timeout_s must be > 0 and retries >= 0")
     if op not in ("stat", "verify", "fetch"):
         raise ValueError(f"unknown agent op {op!r}")
     urls = urls or {}
@@ -75,6 +81,8 @@ def job(
         "headers": dict(headers or {}),
         "read": list(read),
         "full": full,
+        "read_timeout_s": read_timeout_s,
+        "retries": retries,
     }
     return json.dumps(body).encode()
 

@@ -145,7 +145,12 @@ def fetch_checkpoint(
 ) -> dict[str, NodeReport]:
     """Download only the missing or bad files, each node its own list, resuming what an earlier run left."""
     urls = download_urls(models.hub, listing, checkpoint.revision, models.hub_endpoint)
-    extra: dict[str, Any] = {"headers": auth_headers(models.hub_token), "read": DOCUMENTS}
+    extra: dict[str, Any] = {
+        "headers": auth_headers(models.hub_token),
+        "read": DOCUMENTS,
+        "read_timeout_s": models.read_timeout_s,
+        "retries": models.download_retries,
+    }
     jobs = {
         node: job("fetch", checkpoint.path, listing, threads=models.threads, urls=urls, fetch=paths, **extra)
         for node, paths in wanted.items()

@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import random
+import select
 import subprocess
 import sys
 import time
@@ -409,3 +410,80 @@ def test_modelscope_listing_gives_each_file_the_commit_that_last_changed_it(tmp_
         assert revisions == {"a.json": (first, 1_700_000_000), "b.bin": (second, 1_700_000_100)}
         listing = list_modelscope("k3test/history", "main", hub.url, None)
         assert listing.commit == second and {f.path for f in listing.files} == {"a.json", "b.bin"}
+
+
+@pytest.mark.faults
+def test_failing_file_answers_the_status_the_next_n_gets_then_serves_it(hub: HubServer, published: dict) -> None:
+    """A hub having a bad moment: the first GETs of one file answer 503, HEAD and other files are untouched."""
+    good = published["v2"][BIG]
+    hub.faults.fail(REPO, BIG, status=503, times=2)
+    url = f"/{REPO}/resolve/main/{BIG}"
+    assert requests.head(f"{hub.url}{url}", timeout=10).status_code == 200
+    assert _get(hub.url, f"/{REPO}/resolve/main/config.json").read() == published["v2"]["config.json"]
+    answers = [_get(hub.url, url) for _ in range(3)]
+    assert [a.status for a in answers] == [503, 503, 200]
+    assert answers[2].read() == good
+    gets = [(r.status, r.sent) for r in hub.requests if r.method == "GET" and r.path == url]
+    assert gets[2] == (200, len(good)) and [s for s, _ in gets] == [503, 503, 200]
+
+
+@pytest.mark.faults
+def test_persistent_failure_answers_every_get(hub: HubServer) -> None:
+    hub.faults.fail(REPO, BIG, status=500, times=None)
+    assert [_get(hub.url, f"/{REPO}/resolve/main/{BIG}").status for _ in range(4)] == [500] * 4
+    hub.faults.clear(REPO, BIG)
+    assert _get(hub.url, f"/{REPO}/resolve/main/{BIG}").status == 200
+
+
+@pytest.mark.faults
+def test_stalled_transfer_sends_nothing_with_the_connection_open_until_cleared(hub: HubServer, published: dict) -> None:
+    """The bytes before `at` arrive, then nothing (and no end of stream) until the switch is cleared; then the rest."""
+    good, at = published["v2"][BIG], 300_000
+    hub.faults.stall(REPO, BIG, at=at, times=None)
+    parts = urlsplit(hub.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("GET", f"/{REPO}/resolve/main/{BIG}")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Length") == str(len(good))
+    assert resp.read(at) == good[:at]
+    assert select.select([conn.sock], [], [], 1.0)[0] == []  # neither a byte nor a close for a second
+    resumed = _get(hub.url, f"/{REPO}/resolve/main/{BIG}", {"Range": f"bytes={at}-"})
+    assert resumed.read() == good[at:]  # a resume from the stall point is not stalled
+    hub.faults.clear(REPO, BIG)
+    assert resp.read() == good[at:]
+    conn.close()
+
+
+@pytest.mark.faults
+def test_stall_for_some_seconds_then_the_rest_and_only_times_responses(hub: HubServer, published: dict) -> None:
+    good, at, pause = published["v2"][BIG], 200_000, 0.5
+    requests.post(
+        f"{hub.url}/_admin/faults",
+        json={"kind": "stall", "repo": REPO, "path": BIG, "at": at, "seconds": pause, "times": 1},
+        timeout=10,
+    ).raise_for_status()
+    began = time.monotonic()
+    assert _get(hub.url, f"/{REPO}/resolve/main/{BIG}").read() == good
+    assert time.monotonic() - began >= pause
+    assert hub.faults.get(REPO, BIG).stall_at is None  # used up: the next transfer is not stalled
+    assert _get(hub.url, f"/{REPO}/resolve/main/{BIG}", {"Range": "bytes=0-"}).read() == good
+
+
+@pytest.mark.faults
+def test_stopping_the_hub_releases_a_stalled_transfer(published: dict) -> None:
+    good, at = published["v2"][BIG], 100_000
+    hub = HubServer(published["root"]).start()
+    hub.faults.stall(REPO, BIG, at=at, times=None)
+    resp = _get(hub.url, f"/{REPO}/resolve/main/{BIG}")
+    assert resp.read(at) == good[:at] and hub.faults.stalled(REPO, BIG) == 1
+    hub.stop()
+    deadline = time.monotonic() + 10
+    while hub.faults.stalled() and time.monotonic() < deadline:  # the handler thread wakes and goes on
+        time.sleep(0.05)
+    assert hub.faults.stalled() == 0
+    assert hub.faults.get(REPO, BIG).stall_at == at  # the switch itself stays set
+    try:
+        rest = resp.read()
+    except http.client.IncompleteRead as cut:  # the socket closed under it: fine too, as long as it ends
+        rest = cut.partial
+    assert good[at:].startswith(rest)

@@ -87,3 +87,70 @@ def test_a_redirect_to_another_host_keeps_range_and_drops_the_token(tmp_path: Pa
     assert len(served) == 2 and served[1].range is not None and served[1].range.startswith("bytes=")  # resumed there
     assert not any(r.authorized for r in cdn.requests)  # the token never reached the other host
     assert (tmp_path / "m" / BIG).read_bytes() == files[BIG]
+
+
+def fetch_big(server: HubServer, root: Path, **options: float):
+    """Fetch every file with the agent's retry settings given (read_timeout_s, retries)."""
+    listing = list_huggingface(REPO, "main", server.url, None)
+    urls = download_urls("huggingface", listing, "main", server.url)
+    body = job("fetch", str(root), listing, urls=urls, fetch=[f.path for f in listing.files], **options)
+    return run_agent({"local": LocalTransport("local")}, sys.executable, {"local": body}, 60, "fetching")["local"]
+
+
+def big_gets(server: HubServer) -> list[tuple[str | None, int]]:
+    return [(r.range, r.status) for r in server.requests if r.method == "GET" and BIG in r.path]
+
+
+def test_transient_5xx_is_retried_with_backoff_and_the_file_lands(hub, tmp_path: Path):
+    server, files = hub
+    server.faults.fail(REPO, BIG, status=503, times=2)
+    report = fetch_big(server, tmp_path / "m", retries=2)
+    assert all(c.ok for c in report.checks), report.checks
+    assert big_gets(server) == [(None, 503), (None, 503), (None, 200)]
+    assert (tmp_path / "m" / BIG).read_bytes() == files[BIG]
+
+
+def test_5xx_beyond_the_retries_fails_the_file_naming_the_status(hub, tmp_path: Path):
+    server, _ = hub
+    server.faults.fail(REPO, BIG, status=500, times=None)
+    report = fetch_big(server, tmp_path / "m", retries=2)
+    bad = {c.path: c.problem for c in report.checks if not c.ok}
+    assert bad == {
+        BIG: "download failed after 3 attempt(s), before any byte: the hub answered HTTP 500 Internal Server Error"
+    }
+    assert big_gets(server) == [(None, 500)] * 3
+    assert not (tmp_path / "m" / BIG).exists() and BIG not in (tmp_path / "m" / MANIFEST_NAME).read_text()
+
+
+def test_a_stalled_hub_is_timed_out_and_the_file_resumed_with_range(hub, tmp_path: Path):
+    """The hub sends 1 MiB, then nothing with the connection open: the read timeout ends the wait, the rest comes
+    with a Range request from the exact byte where the bytes stopped."""
+    server, files = hub
+    at = 1 << 20
+    server.faults.stall(REPO, BIG, at=at, times=None)  # every transfer from before `at` stalls there, until cleared
+    try:
+        report = fetch_big(server, tmp_path / "m", read_timeout_s=1, retries=1)
+    finally:
+        server.faults.clear()
+    assert all(c.ok for c in report.checks), report.checks
+    assert big_gets(server) == [(None, 200), (f"bytes={at}-", 206)]
+    assert (tmp_path / "m" / BIG).read_bytes() == files[BIG]
+    assert not any((tmp_path / "m" / PARTIAL_DIR).rglob("*.part"))
+
+
+def test_a_stall_with_no_retries_left_is_named_and_the_partial_kept(hub, tmp_path: Path):
+    server, files = hub
+    at = 1 << 20
+    server.faults.stall(REPO, BIG, at=at, times=None)
+    try:
+        report = fetch_big(server, tmp_path / "m", read_timeout_s=1, retries=0)
+    finally:
+        server.faults.clear()
+    bad = {c.path: c.problem for c in report.checks if not c.ok}
+    size = len(files[BIG])
+    assert bad == {
+        BIG: f"download failed after 1 attempt(s), at byte {at} of {size}: the hub sent nothing for 1 s (read timeout)"
+    }
+    partial = tmp_path / "m" / PARTIAL_DIR / f"{BIG}.part"
+    assert partial.read_bytes() == files[BIG][:at]  # exactly what arrived, for the next run to resume
+    assert not (tmp_path / "m" / BIG).exists()

@@ -10,7 +10,9 @@ import hashlib
 import json
 import random
 import shlex
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,18 @@ from tests.checkpoints import SHARD, checkpoint_files
 from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
-TEST_CHECKPOINTS = ("fresh", "corrupt", "revisions", "nospace", "resume", "bitrot", "nomanifest")
+TEST_CHECKPOINTS = (
+    "fresh",
+    "corrupt",
+    "revisions",
+    "nospace",
+    "resume",
+    "bitrot",
+    "nomanifest",
+    "diskfill",
+    "hubflaky",
+    "hubdown",
+)
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +266,153 @@ def test_a_deleted_manifest_means_hashing_not_a_cache_hit(prefect_server, testbe
     record = run_models(tmp_path, testbed, hub, repo)
     hashed = {r["node"]: r["hashed files"] for r in record["checkpoints"][0]["nodes"]}
     assert hashed["node3"] > 0 and hashed["node0"] == 0  # node3 had nothing to vouch for its files
+
+
+def poll(what: str, condition: Callable[[], bool], deadline_s: float = 60.0, every_s: float = 0.2) -> None:
+    """Wait for `condition()` to hold, failing with `what` when it does not within the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {deadline_s:g} s: {what}")
+        time.sleep(every_s)
+
+
+@pytest.mark.faults
+def test_model_root_filling_up_mid_download_names_node_and_file_and_a_rerun_resumes(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """The free-space check passes, then something else fills node3's model root while the shard downloads.
+
+    Deterministic: every node's shard transfer stalls at 1 MiB (hub fault) until node3 holds that MiB and every
+    other file; then the disk is filled to the last byte and the transfers go on."""
+    repo, at = "k3test/diskfill", 1 << 20
+    files = checkpoint_files(7)
+    commit = publish(hub.root, repo, files)
+    root = "/srv/models/diskfill"
+    partial, node3 = f"{root}/{PARTIAL_DIR}/{SHARD}.part", nodes["node3"]
+    sh(node3, f"mkdir -p {root} && mount -t tmpfs -o size=8m k3test-fill {root}")  # 8 MB: room for 4.2 MB
+    hub.faults.stall(repo, SHARD, at=at, times=None)
+    others = set(files) - {SHARD}
+
+    def node3_waits_at_the_stall() -> bool:
+        out = sh(node3, f"stat -c %s {partial} 2>/dev/null; echo; cat {root}/{MANIFEST_NAME} 2>/dev/null || true")
+        size, _, manifest = out.partition("\n")
+        landed = set(json.loads(manifest)["files"]) if manifest.strip() else set()
+        return size.strip() == str(at) and landed == others
+
+    def fill_when_stalled() -> str:
+        try:
+            poll("node3 holds 1 MiB of the shard and every other file", node3_waits_at_the_stall)
+            sh(node3, f"dd if=/dev/zero of={root}/filler bs=4k status=none 2>/dev/null; true")
+            return sh(node3, f"df --output=avail -B1 {root} | tail -1").strip()
+        finally:
+            hub.faults.clear(repo, SHARD)  # the stalled transfers go on: node3's into a full disk
+
+    try:
+        hub.clear_requests()
+        failed: ModelsStageFailed | None = None
+        with ThreadPoolExecutor(1) as pool:
+            filler = pool.submit(fill_when_stalled)
+            try:
+                run_models(tmp_path, testbed, hub, repo)
+            except ModelsStageFailed as err:
+                failed = err
+            assert filler.result() == "0"  # the disk was full to the last byte when the shard went on
+        assert failed is not None, "the stage passed on a full disk"
+        message = str(failed)
+        assert message.startswith("models failed:")
+        assert (
+            f"node3: 1 file(s) of commit {commit} could not be downloaded: {SHARD}: cannot write {partial}: "
+            f"No space left on device (ENOSPC); {at} of {len(files[SHARD])} bytes kept there, "
+            "the next run resumes from them"
+        ) in message
+        assert "Traceback" not in message and not any(f"{n}:" in message for n in ("node0", "node1", "node2"))
+        rows = {r["node"]: r["downloaded files"] for r in failed.result.data["checkpoints"][0]["nodes"]}
+        assert rows == {"node0": len(files), "node1": len(files), "node2": len(files), "node3": len(files) - 1}
+        want = hashlib.sha256(files[SHARD]).hexdigest()
+        for name in ("node0", "node1", "node2"):  # the other nodes are unaffected
+            assert node_sha256(nodes[name], f"{root}/{SHARD}") == want
+        # Nothing half-written in place, nothing vouched for that is not whole, no stray temporary file.
+        assert sh(node3, f"test -e {root}/{SHARD} && echo there || echo absent").strip() == "absent"
+        assert int(sh(node3, f"stat -c %s {partial}")) == at
+        assert SHARD not in json.loads(sh(node3, f"cat {root}/{MANIFEST_NAME}"))["files"]
+        assert sh(node3, f"ls -A {root} | grep -c '\\.tmp$' || true").strip() == "0"
+
+        hub.clear_requests()  # a rerun on the still-full disk is refused by the space check, before any byte
+        with pytest.raises(ModelsStageFailed) as refused:
+            run_models(tmp_path, testbed, hub, repo)
+        missing = (len(files[SHARD]) - at) / 1e9
+        assert f"node3: {missing:.3f} GB still to download but only 0.000 GB free" in str(refused.value)
+        assert file_gets(hub, repo) == []
+
+        sh(node3, f"rm {root}/filler")
+        hub.clear_requests()
+        record = run_models(tmp_path, testbed, hub, repo)
+        assert record["verdict"] == "pass", record["problems"]
+        assert file_gets(hub, repo) == [(SHARD, f"bytes={at}-")]  # resumed: only the rest of the one file
+        assert node_sha256(node3, f"{root}/{SHARD}") == want
+        assert sh(node3, f"test -e {partial} && echo left || echo gone").strip() == "gone"
+    finally:
+        hub.faults.clear()
+        sh(node3, f"umount {root}; rmdir {root}")
+
+
+@pytest.mark.faults
+def test_hub_5xx_and_a_stall_mid_download_are_retried_and_resumed(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """Two 503s on one file, and every node's shard transfer stalling at 1 MiB with the connection open: the nodes
+    retry, time the stalled read out, resume with Range from the byte where it stopped, and the stage passes."""
+    repo, at, small = "k3test/hubflaky", 1 << 20, "model-00002-of-00002.safetensors"
+    files = checkpoint_files(8)
+    publish(hub.root, repo, files)
+    hub.faults.fail(repo, small, status=503, times=2)
+    hub.faults.stall(repo, SHARD, at=at, times=None)  # until cleared: only the nodes' read timeout ends it
+    hub.clear_requests()
+    try:
+        record = run_models(tmp_path, testbed, hub, repo, models__read_timeout_s=2)  # the stall lasts until cleared
+    finally:
+        hub.faults.clear()
+    assert record["verdict"] == "pass", record["problems"]
+    assert {r["node"]: r["downloaded files"] for r in record["checkpoints"][0]["nodes"]} == dict.fromkeys(
+        nodes, len(files)
+    )
+    shard = sorted((r.range or "", r.status) for r in hub.requests if r.method == "GET" and r.path.endswith(SHARD))
+    assert shard == [("", 200)] * 4 + [(f"bytes={at}-", 206)] * 4  # each node: the stalled GET, then the rest
+    smalls = [r.status for r in hub.requests if r.method == "GET" and r.path.endswith(small)]
+    assert sorted(smalls) == [200] * 4 + [503] * 2
+    for transport in nodes.values():
+        assert node_sha256(transport, f"/srv/models/hubflaky/{SHARD}") == hashlib.sha256(files[SHARD]).hexdigest()
+
+
+@pytest.mark.faults
+def test_hub_failing_beyond_the_retries_fails_naming_node_file_and_status(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    repo = "k3test/hubdown"
+    files = checkpoint_files(9)
+    commit = publish(hub.root, repo, files)
+    hub.faults.fail(repo, SHARD, status=503, times=None)
+    hub.clear_requests()
+    try:
+        with pytest.raises(ModelsStageFailed) as failed:
+            run_models(tmp_path, testbed, hub, repo, hosts=2, models__download_retries=2)  # 3 attempts
+    finally:
+        hub.faults.clear()
+    message = str(failed.value)
+    for node in ("node0", "node1"):
+        assert (
+            f"{node}: 1 file(s) of commit {commit} could not be downloaded: {SHARD}: download failed after "
+            "3 attempt(s), before any byte: the hub answered HTTP 503 Service Unavailable"
+        ) in message
+    assert [(r.range, r.status) for r in hub.requests if r.method == "GET" and r.path.endswith(SHARD)] == [
+        (None, 503)
+    ] * 6
+    for transport in list(nodes.values())[:2]:  # nothing in place, nothing partial: not a byte came
+        assert sh(transport, f"find /srv/models/hubdown -name '{SHARD}*'") == ""
+        assert sh(transport, "find /srv/models/hubdown -name 'model-00002*'").strip()  # the other shard landed
+
+    hub.clear_requests()  # the hub is well again: the rerun fetches the one file on each node
+    record = run_models(tmp_path, testbed, hub, repo, hosts=2)
+    assert record["verdict"] == "pass", record["problems"]
+    assert file_gets(hub, repo) == [(SHARD, None)] * 2

@@ -15,7 +15,9 @@ from k3deploy.tasks.models.checks import (
     tokenizer_findings,
 )
 from k3deploy.tasks.models.listing import Listing, RemoteFile
-from k3deploy.tasks.models.remote import NodeAgentError, ProgressBoard, job, parse_progress, parse_result
+from k3deploy.tasks.models.node_agent import FileCheck
+from k3deploy.tasks.models.outcome import CheckpointOutcome
+from k3deploy.tasks.models.remote import NodeAgentError, NodeReport, ProgressBoard, job, parse_progress, parse_result
 from k3deploy.tasks.transport.base import CommandResult
 
 pytestmark = pytest.mark.models
@@ -156,3 +158,30 @@ def test_processor_files_are_needed_only_with_a_vision_tower():
     )
     with_vision = by_check(tokenizer_findings("target", listing("tokenizer_config.json", "tokenizer.json")))
     assert not with_vision["processor files"][0]
+
+
+def test_a_file_that_failed_to_download_is_named_as_such_not_as_a_mismatch():
+    """After a download the bad files are those the node could not fetch (a full disk, a failing hub): say so."""
+    files = listing("config.json", "model.safetensors")
+    missing = (FileCheck("config.json", True), FileCheck("model.safetensors", False, "missing"))
+    verified = {n: NodeReport(n, "f", 10, 100, 1, checks=missing) for n in ("node0", "node1")}
+    why = "cannot write /m/.k3deploy-partial/model.safetensors.part: No space left on device (ENOSPC)"
+    fetched = {
+        "node0": NodeReport("node0", "f", 0, 90, 1, checks=(FileCheck("model.safetensors", True),)),
+        "node1": NodeReport("node1", "f", 10, 0, 1, checks=(FileCheck("model.safetensors", False, why),)),
+    }
+    outcome = CheckpointOutcome("target", "/m", files, verified, fetched)
+    assert outcome.problems() == [
+        f"target /m: node1: 1 file(s) of commit {'c' * 40} could not be downloaded: model.safetensors: {why}"
+    ]
+    outcome.fetched = {}  # no download tried: the same files are news about the disk, as before
+    assert outcome.problems() == [
+        f"target /m: {n}: 1 file(s) do not match commit {'c' * 40}: model.safetensors: missing" for n in verified
+    ]
+
+
+def test_job_carries_the_read_timeout_and_retries_and_refuses_nonsense():
+    body = json.loads(job("fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], read_timeout_s=7))
+    assert (body["read_timeout_s"], body["retries"]) == (7, 5)
+    with pytest.raises(ValueError, match="read_timeout_s"):
+        job("fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], read_timeout_s=0)
