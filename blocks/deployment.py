@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -17,6 +18,15 @@ from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfi
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.blocks.smoke import SmokeConfig
 from k3deploy.errors import ConfigError
+
+# Settings that do not change what runs on the nodes: left out of the servers' fingerprint.
+NOT_SERVING: dict[str, Any] = {
+    "smoke": True,
+    "bench": True,
+    "accuracy": True,
+    "serve": {"readiness", "liveness"},
+    "cluster": {"name", "on_busy", "busy_timeout_s"},
+}
 
 
 class DeploymentConfig(StrictBlock):
@@ -61,7 +71,9 @@ class DeploymentConfig(StrictBlock):
                 draft.draft_tensor_parallel_size = self.serve.tensor_parallel_size
 
     def fingerprint(self) -> str:
-        """Short hash of everything but secrets: labels containers so a rerun can recognise them."""
-        data = self.model_dump(mode="json")
+        """Short hash of what shapes the servers (nodes, checkpoints, image, serve flags; no secret): it labels
+        them, so a rerun, a later stage or teardown recognises them whatever the smoke, bench, accuracy,
+        readiness, liveness or scheduling settings of its config say."""
+        data = self.model_dump(mode="json", exclude=NOT_SERVING)
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

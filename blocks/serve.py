@@ -104,6 +104,23 @@ class ReadinessSettings(BaseModel):
     )
 
 
+class LivenessSettings(BaseModel):
+    """How smoke, bench and accuracy follow the service while they use it (a dead or stuck rank fails them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metrics_poll_s: float = Field(default=5, gt=0, description="Seconds between reads of node 0's /metrics.")
+    stall_timeout_s: float = Field(
+        default=300,
+        gt=0,
+        description="A DP rank with requests running but no token processed for this long is stuck: the stage "
+        "fails naming it (also when node 0 stops answering /metrics this long).",
+    )
+    stop_grace_s: float = Field(
+        default=30, gt=0, description="After the service is lost, how long the stage's tool has to end once stopped."
+    )
+
+
 class ServeConfig(StrictBlock):
     """The vLLM-Ascend server on every node."""
 
@@ -151,4 +168,8 @@ class ServeConfig(StrictBlock):
     process: ProcessSettings = Field(default_factory=ProcessSettings, description="The process runtime's settings.")
     readiness: ReadinessSettings = Field(
         default_factory=ReadinessSettings, description="When the service counts as ready, how long to wait."
+    )
+    liveness: LivenessSettings = Field(
+        default_factory=LivenessSettings,
+        description="How the stages using the service follow it: every rank's exit and log, and token progress.",
     )

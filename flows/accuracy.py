@@ -2,7 +2,8 @@
 
 Each score comes with its evaluator's version, the dataset's hash and the sample accounting
 (completed, failed, missing, unparsed); it fails when samples were lost or a score is off its
-baseline by more than the threshold. Not applicable until an evaluator is chosen.
+baseline by more than the threshold. Not applicable until an evaluator is chosen. The evaluations
+run under a watch of every rank (tasks/launch/liveness.py), as smoke and bench do.
 """
 
 from dataclasses import asdict
@@ -16,6 +17,7 @@ from k3deploy.record import runs_dir
 from k3deploy.stage import Finding, StageResult
 from k3deploy.tasks.accuracy.results import Score, compare
 from k3deploy.tasks.accuracy.steps import provision_evaluator, run_ais_bench, run_lm_eval
+from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.smoke.steps import base_url
 from k3deploy.tasks.stage_run import StageRun
 
@@ -30,7 +32,7 @@ def accuracy(config: ConfigSource) -> StageResult:
         return run.not_applicable("no evaluator chosen (accuracy.evaluators: lm_eval, ais_bench)")
     folder = (runs_dir() / str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id) / "accuracy").resolve()
     scores: list[Score] = []
-    with run.guard():
+    with run.guard(), watching(cfg, "accuracy") as watch:
         # Relative dataset paths are taken from the folder k3deploy runs in (the evaluators run elsewhere).
         lm = settings.lm_eval.model_copy(update={"include_path": _absolute(settings.lm_eval.include_path)})
         ais = settings.ais_bench.model_copy(update={"dataset_path": _absolute(settings.ais_bench.dataset_path)})
@@ -47,10 +49,10 @@ def accuracy(config: ConfigSource) -> StageResult:
             chosen = lm if name == "lm_eval" else ais
             provision_evaluator(name, chosen.environment)
             found = (
-                run_lm_eval(lm, cfg.serve.served_model_name, base_url(cfg), folder / name)
+                watch.run(run_lm_eval, lm, cfg.serve.served_model_name, base_url(cfg), folder / name, watch.stop)
                 if name == "lm_eval"
-                else run_ais_bench(ais, cfg.serve.served_model_name, node0.serving_ip, cfg.serve.service_port,
-                                   folder / name)
+                else watch.run(run_ais_bench, ais, cfg.serve.served_model_name, node0.serving_ip,
+                               cfg.serve.service_port, folder / name, watch.stop)
             )  # fmt: skip
             for score in found:
                 subject = f"{name} {score.dataset}"

@@ -1,10 +1,14 @@
 """The bench stage: `vllm bench serve` (seed section 8) for the cold and prefix-hit workloads, at each concurrency.
 
 Every request must succeed; each figure is compared with its baseline. Runs already measured in
-this run's folder are not repeated (a sweep or a Retry resumes).
+this run's folder are not repeated (a sweep or a Retry resumes). The runs go on under a watch of
+every rank: one that dies, logs a fatal line or gets stuck stops the tool and fails the stage within
+seconds, naming node and DP rank (tasks/launch/liveness.py).
 """
 
+import threading
 from dataclasses import asdict
+from typing import Any
 
 from prefect import flow, runtime
 
@@ -12,8 +16,9 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
 from k3deploy.record import runs_dir
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.bench.results import compare
+from k3deploy.tasks.bench.results import BenchRun, compare
 from k3deploy.tasks.bench.steps import planned_runs, run_bench, saved_run
+from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun
 
@@ -25,13 +30,15 @@ def bench(config: ConfigSource) -> StageResult:
     run = StageRun("bench", BenchStageFailed)
     folder = runs_dir() / str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id) / "bench"
     plan = render_plan(cfg)
-    rows, runs = [], []
-    with run.guard():
+    rows: list[dict[str, Any]] = []
+    runs: list[BenchRun] = []
+
+    def measure(stop: threading.Event) -> None:
         for workload, concurrency in planned_runs(cfg):
             done = saved_run(folder, workload, concurrency)
             resumed = done is not None
             if done is None:
-                done = run_bench(cfg, plan, workload, concurrency, folder)
+                done = run_bench(cfg, plan, workload, concurrency, folder, stop)
             runs.append(done)
             subject = f"{workload} c{concurrency}"
             run.findings.append(
@@ -59,6 +66,9 @@ def bench(config: ConfigSource) -> StageResult:
                     "resumed": resumed,
                 }
             )
+
+    with run.guard(), watching(cfg, "bench") as watch:
+        watch.run(measure, watch.stop)
     run.table("runs", rows, "vllm bench serve runs on node 0 (cold: random; prefix hits: prefix_repetition)")
     run.data = {
         "folder": str(folder),

@@ -1,10 +1,15 @@
-"""The smoke stage: real requests against the running service, one row per check (seed section 6)."""
+"""The smoke stage: real requests against the running service, one row per check (seed section 6).
+
+The checks run under a watch of every rank: one that dies, logs a fatal line or gets stuck fails
+the stage within seconds, naming node and DP rank (tasks/launch/liveness.py).
+"""
 
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import SmokeStageFailed
 from k3deploy.stage import Finding, StageResult
+from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.smoke.steps import base_url, context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun
 
@@ -14,9 +19,9 @@ def smoke(config: ConfigSource) -> StageResult:
     """Chat, streaming, image + text, tool call, reasoning, prefix cache, every DP rank: each passes or says why not."""
     cfg = resolve_config(config)
     run = StageRun("smoke", SmokeStageFailed)
-    with run.guard():
+    with run.guard(), watching(cfg, "smoke") as watch:
         ctx = context(cfg, served_vision(cfg))
-        rows = smoke_checks(cfg, ctx)
+        rows = watch.run(smoke_checks, cfg, ctx)
     url = base_url(cfg)
     run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail) for r in rows]
     run.table(

@@ -5,7 +5,8 @@ The top-level run holds the cluster (one run per cluster at a time). Stages run 
 stages (models, comm, image) run inside a task whose result persists once they passed, keyed by
 the run and the config sections they read: the UI's Retry of a failed run (the same flow run), or
 `k3deploy rerun RUN_ID`, does not execute them again unless those inputs changed; preflight,
-launch and what follows always run.
+launch and what follows always run. A run cancelled or crashed mid-way tears the service down
+from its hooks (in the process that killed it).
 """
 
 import hashlib
@@ -19,7 +20,7 @@ from prefect import flow, runtime, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
+from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
@@ -29,6 +30,7 @@ from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, select
 from k3deploy.record import RunRecord, build_record, public_config, write_record
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.stage import StageResult, Verdict, now
+from k3deploy.tasks.launch.steps import remove_run_containers
 from k3deploy.tasks.run_report import write_report
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
@@ -104,7 +106,26 @@ AS_CONFIGURED_DRAFT = DraftChoice(AS_CONFIGURED)
 CONFIGURED_BENCH = BenchOptions()
 
 
-@flow(name="validate")
+def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
+    """Cancelled (from the UI, `prefect flow-run cancel`) or crashed: nothing of this run's config keeps serving.
+
+    Runs where the run was killed (the worker's or runner's process), which knows only the parameters:
+    the config is resolved again from its path or block name, with the run's draft choice (it changes
+    what was served). A run whose worker itself died runs no hook: `k3deploy teardown -c …` clears it.
+    """
+    logger = get_logger("k3deploy.validate")
+    params = flow_run.parameters
+    try:
+        cfg = apply_options(resolve_config(params["config"]), str(params.get("draft") or AS_CONFIGURED), BenchOptions())
+        removed = remove_run_containers(cfg)
+    except (K3DeployError, KeyError) as err:
+        logger.error("validate %s ended %s; teardown failed (%s): run `k3deploy teardown`", flow_run.id, state.name,
+                     err)  # fmt: skip
+        raise
+    logger.info("validate %s ended %s; removed %s", flow_run.id, state.name, removed)
+
+
+@flow(name="validate", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
 def validate(
     config: str,
     only: list[StageName] | None = None,

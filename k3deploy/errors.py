@@ -55,6 +55,17 @@ class NodeError(K3DeployError):
         self.node = node
 
 
+class ServiceLost(NodeError):
+    """A server of the run exited, logged a fatal line or got stuck while a stage was using the service."""
+
+    def __init__(self, stage: str, node: str, rank: int, reason: str) -> None:
+        self.stage, self.rank, self.reason = stage, rank, reason
+        super().__init__(node, f"DP rank {rank}: {reason}")
+
+    def __reduce__(self) -> tuple[type[ServiceLost], tuple[str, str, int, str]]:
+        return (type(self), (self.stage, self.node, self.rank, self.reason))
+
+
 class TransportError(K3DeployError):
     """A node could not be reached or talked to."""
 

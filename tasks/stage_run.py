@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
-from k3deploy.errors import K3DeployError, StageFailed
+from k3deploy.errors import K3DeployError, ServiceLost, StageFailed
 from k3deploy.stage import Finding, StageResult, Verdict, failure_lines, now
 
 
@@ -97,5 +97,9 @@ class StageRun:
             yield self
         except StageFailed:
             raise
+        except ServiceLost as err:  # the stage's own finding: which rank was lost, how
+            self.findings.append(Finding(f"{err.node} (DP rank {err.rank})", "serving", False, err.reason))
+            self.data["service_lost"] = {"node": err.node, "rank": err.rank, "reason": err.reason}
+            self.failed(str(err))
         except K3DeployError as err:
             self.failed(str(err))

@@ -9,7 +9,9 @@ smoke and bench all run for real, with a server that starts in a second.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from k3deploy.localprofile.checkpoint import write_checkpoint
+from tests.ports import port_free
 from tests.vllm_env import VLLM
 
 ROOT = Path(__file__).parents[1]
@@ -65,3 +68,18 @@ def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = 18300, rpc
     data["smoke"] = {"request_timeout_s": 5, "burst_requests": 4}
     data["bench"] |= {"prefix_hit": False}
     return data
+
+
+def bench_runs_left(tmp_path: Path) -> list[str]:
+    """`vllm bench serve` processes of this test (its checkpoint path is in their command lines)."""
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            raw = cmdline.read_bytes()
+            if str(tmp_path).encode() in raw and re.search(rb"bench[\0 ]serve", raw):
+                left.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return left
+
+
+def nothing_serving(tmp_path: Path) -> bool:
+    return not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)

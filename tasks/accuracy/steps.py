@@ -5,6 +5,7 @@ Each evaluator's output stays under the run's folder (`runs/<run>/accuracy/<eval
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from prefect import task
@@ -17,7 +18,8 @@ from k3deploy.errors import NodeError
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Score, ais_scores, dataset_hash, lm_eval_scores
 from k3deploy.tasks.image.environment import provision_script
-from k3deploy.tasks.transport.base import OutputCallback
+from k3deploy.tasks.launch.stoppable import run_stoppable
+from k3deploy.tasks.transport.base import KILL_GRACE_S, CommandResult, OutputCallback
 from k3deploy.tasks.transport.local import LocalTransport
 
 HERE = "k3deploy"  # the evaluators run where k3deploy runs
@@ -42,9 +44,15 @@ def provision_evaluator(name: str, env: EvaluatorEnvironment) -> None:
     LocalTransport(HERE).run(provision_script(spec), timeout=env.timeout_s, on_output=_shown(name, [])).check()
 
 
-def _run(name: str, command: str, timeout: float, log: Path) -> None:
+def _run(name: str, command: str, timeout: float, log: Path, stop: threading.Event | None) -> None:
+    """The evaluator here, killed (its whole process group) once `stop` is set: the service was lost."""
     lines: list[str] = []
-    done = LocalTransport(HERE).run(command, timeout=timeout, on_output=_shown(name, lines))
+    here, show = LocalTransport(HERE), _shown(name, lines)
+
+    def start(text: str) -> CommandResult:
+        return here.run(text, timeout + KILL_GRACE_S + 5, on_output=show)
+
+    done = run_stoppable(start, lambda text: here.run(text, 60), command, timeout, stop)
     log.write_text("\n".join(lines) + "\n")
     if done.exit_code != 0:
         raise NodeError(HERE, f"{name} exited {done.exit_code}:\n" + "\n".join(lines[-TAIL_LINES:]))
@@ -55,12 +63,14 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @task(name="lm_eval", cache_policy=NO_CACHE)
-def run_lm_eval(settings: LmEvalSettings, model: str, base_url: str, folder: Path) -> list[Score]:
+def run_lm_eval(
+    settings: LmEvalSettings, model: str, base_url: str, folder: Path, stop: threading.Event | None = None
+) -> list[Score]:
     """`settings` with include_path made absolute; `folder` absolute (lm_eval runs in include_path)."""
     folder.mkdir(parents=True, exist_ok=True)
     output = folder / "output"
     command = commands.lm_eval_command(settings, model, base_url, str(output))
-    _run("lm_eval", command, settings.timeout_s, folder / "lm_eval.log")
+    _run("lm_eval", command, settings.timeout_s, folder / "lm_eval.log", stop)
     results = sorted(output.rglob("results_*.json"))
     if not results:
         raise NodeError(HERE, f"lm_eval wrote no results_*.json under {output}")
@@ -73,7 +83,9 @@ def run_lm_eval(settings: LmEvalSettings, model: str, base_url: str, folder: Pat
 
 
 @task(name="AISBench", cache_policy=NO_CACHE)
-def run_ais_bench(settings: AisBenchSettings, served: str, host: str, port: int, folder: Path) -> list[Score]:
+def run_ais_bench(
+    settings: AisBenchSettings, served: str, host: str, port: int, folder: Path, stop: threading.Event | None = None
+) -> list[Score]:
     """`settings` with dataset_path made absolute; `folder` absolute (AISBench runs in it)."""
     assert settings.dataset_path is not None, "checked when the stage starts"
     config_dir, work = folder / "config", folder / "work"
@@ -82,7 +94,7 @@ def run_ais_bench(settings: AisBenchSettings, served: str, host: str, port: int,
     model = commands.ais_model_config(settings, served, host, port)
     (config_dir / "models" / f"{commands.AIS_MODEL}.py").write_text(model)
     _run("AISBench", commands.ais_command(settings, str(config_dir), str(work)), settings.timeout_s,
-         folder / "ais_bench.log")  # fmt: skip
+         folder / "ais_bench.log", stop)  # fmt: skip
     summaries = sorted(work.rglob("summary_*.csv"))
     if not summaries:
         raise NodeError(HERE, f"AISBench wrote no summary_*.csv under {work}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import threading
 from pathlib import Path
 
 import httpx
@@ -53,8 +54,16 @@ def read_metrics(cfg: DeploymentConfig) -> str:
 
 
 @task(name="vllm bench serve", cache_policy=NO_CACHE)
-def run_bench(cfg: DeploymentConfig, plan: Plan, workload: str, concurrency: int, folder: Path) -> BenchRun:
-    """One run on node 0; its output and saved JSON go to `folder`. NodeError when the tool fails."""
+def run_bench(
+    cfg: DeploymentConfig,
+    plan: Plan,
+    workload: str,
+    concurrency: int,
+    folder: Path,
+    stop: threading.Event | None = None,
+) -> BenchRun:
+    """One run on node 0; its output and saved JSON go to `folder`. NodeError when the tool fails; killed on
+    the node once `stop` is set (the service was lost)."""
     logger = get_run_logger()
     node = plan.nodes[0]
     argv = bench_argv(cfg, workload, concurrency)
@@ -71,7 +80,8 @@ def run_bench(cfg: DeploymentConfig, plan: Plan, workload: str, concurrency: int
     before = read_metrics(cfg)
     with serving_runtimes(cfg) as runtimes:
         beside = runtimes[node.node]
-        done = beside.run_beside(node, f"mkdir -p {where} && {shlex.join(argv)}", cfg.bench.timeout_s, show)
+        command = f"mkdir -p {where} && {shlex.join(argv)}"
+        done = beside.run_beside(node, command, cfg.bench.timeout_s, show, stop)
         (folder / name.replace(".json", ".log")).write_text("\n".join(lines) + "\n")
         if done.exit_code != 0:
             tail = "\n".join(lines[-TAIL_LINES:])

@@ -1,8 +1,9 @@
-"""Watching the containers while they start: every log line through the watcher, every exit noticed.
+"""Watching the servers: every log line through the watcher, every exit noticed.
 
 One thread per node follows its server's log (through its runtime: docker logs, or the process's
 log file) and one waits for it to exit; the first fatal line or exit sets `failed`, which the
-readiness loop waits on, so a failure is seen as soon as its line arrives, not at the next poll.
+readiness loop (launch) or the stage using the service (liveness) waits on, so a failure is seen
+as soon as its line arrives, not at the next poll.
 """
 
 from __future__ import annotations
@@ -51,10 +52,17 @@ def split_timestamp(line: str) -> tuple[float | None, str]:
 
 
 class LaunchMonitor:
-    """Follows every container of a launch; `failed` is set by the first fatal line or exit."""
+    """Follows every server of a run; `failed` is set by the first fatal line, exit or `fail()`.
 
-    def __init__(self, watcher: LogWatcher, log_dir: Path, max_lines: int = 2000) -> None:
+    `phase` says what was going on in an exit's reason ("during launch", "during bench");
+    each node's log is written to `log_dir/<node><log_suffix>.log`.
+    """
+
+    def __init__(
+        self, watcher: LogWatcher, log_dir: Path, max_lines: int = 2000, phase: str = "launch", log_suffix: str = ""
+    ) -> None:
         self.watcher, self.log_dir, self.max_lines = watcher, log_dir, max_lines
+        self.phase, self.log_suffix = phase, log_suffix
         self.failed = threading.Event()
         self.failure: Failure | None = None
         self.buffers: dict[str, LogBuffer] = {}
@@ -63,14 +71,15 @@ class LaunchMonitor:
         self._log_threads: dict[str, threading.Thread] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _fail(self, failure: Failure) -> None:
+    def fail(self, failure: Failure) -> None:
+        """Record the first failure (any later one is dropped) and wake whoever waits on `failed`."""
         with self._lock:
             if self.failure is None and not self._stopping.is_set():
                 self.failure = failure
                 self.failed.set()
 
     def follow(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
-        self.buffers[node] = LogBuffer(self.max_lines, self.log_dir / f"{node}.log")
+        self.buffers[node] = LogBuffer(self.max_lines, self.log_dir / f"{node}{self.log_suffix}.log")
         logs = threading.Thread(target=self._follow_logs, args=(node, rank, runtime, handle), daemon=True)
         waits = threading.Thread(target=self._wait_exit, args=(node, rank, runtime, handle), daemon=True)
         self._log_threads[node] = logs
@@ -93,7 +102,7 @@ class LaunchMonitor:
         for event in self.watcher.feed(node, rank, text):
             if event.kind == "fatal":
                 reason = f"fatal log line ({event.why})" if event.why else "fatal log line"
-                self._fail(Failure(node, rank, reason, event.line, time.time(), emitted))
+                self.fail(Failure(node, rank, reason, event.line, time.time(), emitted))
 
     def _wait_exit(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
         ended = runtime.wait_exit(handle, self._stopping)
@@ -101,7 +110,7 @@ class LaunchMonitor:
             return
         self._log_threads[node].join(EXIT_LOG_GRACE_S)
         tail = " | ".join(self.buffers[node].tail(3))
-        self._fail(Failure(node, rank, f"{ended} during launch", tail, time.time(), None))
+        self.fail(Failure(node, rank, f"{ended} during {self.phase}", tail, time.time(), None))
 
     def stop(self) -> None:
         """Stop reporting; the threads end when their streams close (teardown) or at the next timeout."""

@@ -24,8 +24,9 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.launch.stoppable import run_stoppable
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
-from k3deploy.tasks.transport.base import CommandResult, Transport, with_timeout
+from k3deploy.tasks.transport.base import KILL_GRACE_S, CommandResult, Transport
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
 FOREVER_S = 7 * 24 * 3600.0  # a log follow or an exit wait lasts as long as the server does
@@ -57,9 +58,15 @@ class Runtime(Protocol):
         ...
 
     def run_beside(
-        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+        self,
+        plan: NodePlan,
+        command: str,
+        timeout: float,
+        on_line: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> CommandResult:
-        """Run a shell command where the node's server runs: in its container, or with its environment."""
+        """Run a shell command where the node's server runs: in its container, or with its environment;
+        killed there (its whole process group) once `stop` is set."""
         ...
 
 
@@ -103,13 +110,23 @@ class DockerRuntime:
         return [c.name for c in labelled(self.client, labels)]
 
     def run_beside(
-        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+        self,
+        plan: NodePlan,
+        command: str,
+        timeout: float,
+        on_line: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> CommandResult:
         assert plan.container is not None, "serve.runtime docker renders a container"
+        entry = sourced(self.setup_scripts, command)  # the same environment the server started with
+        name = plan.container.name
+        run, signal = (lambda text: self._exec(name, text, on_line)), (lambda text: self._exec(name, text, None))
+        return run_stoppable(run, signal, entry, timeout, stop)
+
+    def _exec(self, container: str, text: str, on_line: Callable[[str], None] | None) -> CommandResult:
         started, api = time.monotonic(), self.client.api
         try:
-            entry = sourced(self.setup_scripts, command)  # the same environment the server started with
-            exec_id = api.exec_create(plan.container.name, ["sh", "-c", with_timeout(entry, timeout)])["Id"]
+            exec_id = api.exec_create(container, ["sh", "-c", text])["Id"]
             pending, out = "", []
             for chunk in api.exec_start(exec_id, stream=True):
                 pending += chunk.decode(errors="replace")
@@ -121,10 +138,10 @@ class DockerRuntime:
             out += [pending] if pending else []
             code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.APIError as err:
-            raise LaunchError(self.node, f"cannot run in {plan.container.name}: {err.explanation or err}") from None
-        text = "\n".join(out)
+            raise LaunchError(self.node, f"cannot run in {container}: {err.explanation or err}") from None
+        output = "\n".join(out)
         return CommandResult(
-            self.node, command, -1 if code is None else int(code), text, text, time.monotonic() - started
+            self.node, text, -1 if code is None else int(code), output, output, time.monotonic() - started
         )
 
 
@@ -215,8 +232,14 @@ class ProcessRuntime:
 
         def follow() -> None:
             try:
-                self.transport.run(
-                    command, timeout=FOREVER_S, on_output=lambda _h, stream, line: lines.put((line + "\n").encode())
+                run_stoppable(
+                    lambda text: self.transport.run(
+                        text, FOREVER_S, on_output=lambda _h, _stream, line: lines.put((line + "\n").encode())
+                    ),
+                    lambda text: self.transport.run(text, 60),
+                    command,
+                    FOREVER_S,
+                    stopping,  # the tail ends on the node when the follow stops, not only when the server does
                 )
             except K3DeployError:
                 pass  # the connection went: the exit wait reports what happened
@@ -234,12 +257,18 @@ class ProcessRuntime:
             f"cat {folder}/rc 2>/dev/null || echo gone"
         )
         try:
-            result = self.transport.run(script, timeout=FOREVER_S)
+            result = run_stoppable(
+                lambda text: self.transport.run(text, FOREVER_S), lambda text: self.transport.run(text, 60),
+                script, FOREVER_S, stopping,
+            )  # fmt: skip
         except K3DeployError as err:
             return None if stopping.is_set() else f"the node stopped answering while the process ran: {err}"
         if stopping.is_set():
             return None
-        return f"the process exited (status {result.stdout.strip() or 'unknown'})"
+        status = result.stdout.strip()
+        if status in ("", "gone"):  # its wrapper, which writes the status, went with it: killed
+            return "the process is gone without an exit status (killed)"
+        return f"the process exited (status {status})"
 
     def _mine(self, labels: Mapping[str, str]) -> list[ProcessState]:
         """This node's processes with these labels: nodes sharing a host each see the others' folders."""
@@ -257,12 +286,23 @@ class ProcessRuntime:
         return [s.name for s in self._mine(labels)]
 
     def run_beside(
-        self, plan: NodePlan, command: str, timeout: float, on_line: Callable[[str], None] | None = None
+        self,
+        plan: NodePlan,
+        command: str,
+        timeout: float,
+        on_line: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> CommandResult:
         assert plan.process is not None, "serve.runtime process renders a process"
         assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.process.environment.items())
         show = None if on_line is None else (lambda _host, _stream, line: on_line(line))
-        return self.transport.run(f"env {assignments} sh -c {shlex.quote(command)}", timeout, on_output=show)
+        return run_stoppable(
+            lambda text: self.transport.run(text, timeout + KILL_GRACE_S + 5, on_output=show),
+            lambda text: self.transport.run(text, 60),
+            f"env {assignments} sh -c {shlex.quote(command)}",
+            timeout,
+            stop,
+        )
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ the stand-in for `vllm serve`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlo
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
+from prefect.states import Cancelling
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
@@ -38,7 +40,7 @@ from k3deploy.record import read_record
 from k3deploy.rerun import retry
 from tests.bedconfig import write_config
 from tests.ports import port_free
-from tests.standin_profile import standin_profile
+from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env, pytest.mark.usefixtures("runs_dir")]
@@ -95,8 +97,10 @@ def worker(prefect_server: Path, tmp_path: Path) -> Iterator[str]:
     log = (tmp_path / "worker.log").open("w")
     command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (tmp_path / "worker.pid").write_text(str(proc.pid))  # for the test that kills it
     yield pool
-    os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     log.close()
 
@@ -108,6 +112,24 @@ def slow_standin(tmp_path: Path, **cluster: Any) -> str:
     data["serve"]["env"]["K3SIM_STARTUP_S"] = "5"
     data["cluster"] |= cluster
     return write_config(folder / "site.yaml", data)
+
+
+def slow_bench(tmp_path: Path) -> str:
+    """The stand-in profile whose answers take 0.2 s a token: its bench runs over a minute."""
+    data = standin_profile(tmp_path)
+    data["serve"]["env"]["K3SIM_TOKEN_S"] = "0.2"
+    return write_config(tmp_path / "site.yaml", data)
+
+
+def processes_of(run_id: UUID) -> list[int]:
+    """Pids of the processes executing a flow run (the worker gives each its run id in the environment)."""
+    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+    return pids
 
 
 def holder(config: str) -> str | None:
@@ -146,6 +168,49 @@ def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(
     assert "cluster.on_busy: refuse" in b.state.message
     assert children(second.id) == []  # it touched nothing
     assert finished(first.id).state.type is StateType.COMPLETED
+
+
+@pytest.mark.faults
+def test_a_validate_run_cancelled_during_bench_leaves_nothing_running(worker, tmp_path):
+    """Cancelled from the UI (state Cancelling): the worker kills the run, its hook tears the service down."""
+    config = slow_bench(tmp_path)
+    apply(config, worker)
+    run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
+    wait_for("bench to run", lambda: bench_runs_left(tmp_path))
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    assert finished(run.id).state.type is StateType.CANCELLED
+    wait_for("the servers to be removed", lambda: nothing_serving(tmp_path))
+    wait_for("the bench tool to end with its server", lambda: not bench_runs_left(tmp_path))
+    assert processes_of(run.id) == []
+
+    again = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)  # the cluster is free
+    assert finished(again.id).state.type is StateType.COMPLETED
+    assert nothing_serving(tmp_path)
+
+
+@pytest.mark.faults
+def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_clears(worker, tmp_path):
+    """The worker and the run it executes die at once (SIGKILL: no hook can run); the servers they started
+    (sessions of their own) live on, and `teardown` on its own finds and removes them."""
+    config = slow_bench(tmp_path)
+    apply(config, worker)
+    run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
+    wait_for("bench to run", lambda: bench_runs_left(tmp_path))
+    os.killpg(int((tmp_path / "worker.pid").read_text()), signal.SIGKILL)
+    for pid in processes_of(run.id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for("the run's processes to be gone", lambda: not processes_of(run.id))
+    assert not nothing_serving(tmp_path)  # left running: nobody tore them down
+
+    result = teardown(config=config)
+    assert {n: names for n, names in result.data["removed"].items()} == {
+        "local0": ["vllm-kimi-k3-local0"],
+        "local1": ["vllm-kimi-k3-local1"],
+    }
+    assert nothing_serving(tmp_path)
+    wait_for("the bench tool to end with its server", lambda: not bench_runs_left(tmp_path))
 
 
 def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, tmp_path):

@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -22,15 +26,19 @@ from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
+from k3deploy.flows.validate import validate
+from k3deploy.record import runs_dir
+from k3deploy.tasks import metrics
 from tests.bedconfig import write_config
 from tests.ports import port_free
-from tests.standin_profile import standin_profile
+from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
 
+SUCCESS = "vllm:request_success_total"
 pytestmark = [pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 
 
@@ -54,6 +62,40 @@ def findings(failed: pytest.ExceptionInfo[Any]) -> dict[str, str]:
     return {f"{f.subject} {f.check}": f.detail for f in failed.value.result.findings if not f.ok}
 
 
+def rank_pid(tmp_path: Path, rank: int) -> int:
+    return int((tmp_path / "serving" / f"vllm-kimi-k3-local{rank}" / "pid").read_text())
+
+
+def once_serving(config: str, tmp_path: Path, action: Callable[[], object]) -> threading.Thread:
+    """`action` once this test's `vllm bench serve` runs and node 0 has answered one of its requests."""
+    url = f"http://127.0.0.1:{yaml.safe_load(Path(config).read_text())['serve']['service_port']}"
+
+    def served() -> float:
+        try:
+            return metrics.total(metrics.parse(httpx.get(f"{url}/metrics", timeout=5).text), SUCCESS) or 0.0
+        except httpx.HTTPError:
+            return 0.0
+
+    def wait_then_act() -> None:
+        deadline = time.monotonic() + 300
+        while not bench_runs_left(tmp_path):
+            assert time.monotonic() < deadline, "bench never started"
+            time.sleep(0.1)  # polling for the condition, not timing the fault
+        before = served()
+        while served() <= before:
+            assert time.monotonic() < deadline, "bench never got an answer"
+            time.sleep(0.1)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_record(state: Any) -> dict[str, Any]:
+    return json.loads((runs_dir() / str(state.state_details.flow_run_id) / "record.json").read_text())
+
+
 @pytest.mark.bench
 @pytest.mark.vllm
 @needs_vllm_env
@@ -71,16 +113,88 @@ def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requ
 
 
 @pytest.mark.smoke
-def test_smoke_fails_naming_the_node_when_a_rank_dies_after_launch(prefect_server, deployment, tmp_path):
+def test_a_rank_that_died_after_launch_fails_smoke_at_once_naming_it(prefect_server, deployment, tmp_path):
     config, _control = deployment
     launch(config=config)
-    pid = int((tmp_path / "serving" / "vllm-kimi-k3-local1" / "pid").read_text())
-    os.killpg(pid, signal.SIGKILL)  # the headless rank: node 0 says nothing and /health stays 200
+    os.killpg(rank_pid(tmp_path, 1), signal.SIGKILL)  # the headless rank: node 0 says nothing, /health stays 200
     with pytest.raises(SmokeStageFailed) as failed:
         smoke(config=config)
-    rank = findings(failed)["http://127.0.0.1:18300 every DP rank"]
-    assert "requests failed (no answer within 5 s)" in rank and "finished no request: engine 1 (local1)" in rank
-    assert "engine 0 (local0)" not in rank.split("finished no request:")[1]
+    assert failed.value.result.data["service_lost"] == {
+        "node": "local1",
+        "rank": 1,
+        "reason": failed.value.result.data["service_lost"]["reason"],
+    }
+    assert failed.value.result.reason.startswith(
+        "local1: DP rank 1: the process is gone without an exit status (killed) during smoke"
+    )
+    assert list(findings(failed)) == ["local1 (DP rank 1) serving"]  # no check ran against a broken service
+
+
+@pytest.mark.smoke
+def test_a_fatal_line_while_serving_fails_smoke_naming_node_rank_and_line(prefect_server, deployment, tmp_path):
+    """A collective timeout on rank 1 after ready (the process still runs, /health stays 200)."""
+    config, control = deployment
+    launch(config=config)
+    line = (
+        "[rank1]:[E324 13:00:25.428029551 compiler_depend.ts:574] [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkHCCL(SeqNum=196, OpType=ALLREDUCE, Timeout(ms)=3600000) ran for 3600185 milliseconds before "
+        "timing out."
+    )  # a real line (tasks/launch/log_patterns.json, collective_timeout)
+    control.write_text(json.dumps({"K3SIM_FATAL_LINE_DP1": line, "K3SIM_FATAL_KEEP_RUNNING": "1"}))
+    with pytest.raises(SmokeStageFailed) as failed:
+        smoke(config=config)
+    lost = failed.value.result.data["service_lost"]
+    assert (lost["node"], lost["rank"]) == ("local1", 1)
+    assert lost["reason"].startswith("fatal log line (") and lost["reason"].endswith(f": {line}")
+    assert os.killpg(rank_pid(tmp_path, 1), 0) is None  # still running: the log line alone failed the stage
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+@needs_vllm_env
+def test_a_rank_killed_during_bench_stops_the_tool_and_fails_the_run_naming_it(prefect_server, deployment, tmp_path):
+    config, control = deployment
+    control.write_text(json.dumps({"K3SIM_TOKEN_S": "0.1"}))  # 20 requests of 16 tokens at c2: ~16 s of bench
+    killer = once_serving(config, tmp_path, lambda: os.killpg(rank_pid(tmp_path, 1), signal.SIGKILL))
+    state = validate(config=config, only=["launch", "bench"], return_state=True)
+    killer.join()
+    record = run_record(state)
+    assert record["failed_stage"] == "bench"
+    bench_stage = next(s for s in record["stages"] if s["stage"] == "bench")
+    assert bench_stage["reason"].startswith("local1: DP rank 1: the process is gone without an exit status (killed)")
+    assert bench_stage["data"]["service_lost"]["node"] == "local1"
+    assert bench_runs_left(tmp_path) == []  # the tool was stopped, not left waiting on the dead rank
+    assert not list((tmp_path / "runs").rglob("random-c2.json"))  # nothing measured passes as a result
+    assert nothing_serving(tmp_path)  # validate's teardown ran
+
+    control.write_text("{}")
+    again = validate(config=config, only=["launch", "bench"], return_state=True)  # the rerun recovers
+    assert run_record(again)["verdict"] == "pass"
+    assert nothing_serving(tmp_path)
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+@needs_vllm_env
+def test_a_rank_hanging_during_bench_is_named_once_stuck_and_the_tool_stopped(prefect_server, deployment, tmp_path):
+    config, control = deployment
+    quick = yaml.safe_load(Path(config).read_text())
+    quick["serve"]["liveness"] = {"metrics_poll_s": 0.5, "stall_timeout_s": 3}
+    config = write_config(tmp_path / "quick-watch.yaml", quick)
+    launch(config=config)
+    control.write_text(json.dumps({"K3SIM_TOKEN_S": "0.1"}))
+    hang = {"K3SIM_TOKEN_S": "0.1", "K3SIM_HANG_DP1": "1"}  # rank 1 stops answering; its process and /health live
+    hanger = once_serving(config, tmp_path, lambda: control.write_text(json.dumps(hang)))
+    with pytest.raises(BenchStageFailed) as failed:
+        bench(config=config)
+    hanger.join()
+    lost = failed.value.result.data["service_lost"]
+    assert (lost["node"], lost["rank"]) == ("local1", 1)
+    assert lost["reason"].startswith("stuck during bench: no token processed for ")
+    assert "DP rank 1 (local1): " in lost["reason"] and "DP rank 0" not in lost["reason"]
+    assert bench_runs_left(tmp_path) == []
+    assert os.killpg(rank_pid(tmp_path, 1), 0) is None  # hung, not dead: the watch saw it from /metrics
+    teardown(config=config)
 
 
 @pytest.mark.launch
@@ -98,15 +212,29 @@ def test_with_expert_parallelism_node0_is_ready_only_after_the_slow_rank_joined(
 
 
 @pytest.mark.smoke
-def test_with_expert_parallelism_a_dead_rank_stalls_every_request(prefect_server, deployment, tmp_path):
-    """EP: every step is an all-to-all over all ranks, so one dead rank stalls all requests, not a share."""
+def test_with_expert_parallelism_a_dead_rank_stalls_every_request_and_smoke_names_it(
+    prefect_server, deployment, tmp_path
+):
+    """EP: every step is an all-to-all over all ranks, so one dead rank stalls all requests, not a share;
+    smoke does not wait for them: the watch names the rank at once."""
     config, _control = deployment
     ep_config = with_expert_parallelism(config, tmp_path)
     launch(config=ep_config)
-    os.killpg(int((tmp_path / "serving" / "vllm-kimi-k3-local1" / "pid").read_text()), signal.SIGKILL)
-    with pytest.raises(SmokeStageFailed) as failed:
-        smoke(config=ep_config)
-    bad = findings(failed)
-    assert bad["http://127.0.0.1:18300 chat"] == "no answer within 5 s"  # whichever rank it was routed to
-    assert bad["http://127.0.0.1:18300 every DP rank"].startswith("4 of 4 requests failed (no answer within 5 s)")
-    teardown(config=ep_config)
+    os.killpg(rank_pid(tmp_path, 1), signal.SIGKILL)
+    try:
+        body = {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        with ThreadPoolExecutor(4) as pool:  # 4 requests: round robin would send two to the live rank 0
+            answers = list(pool.map(lambda _: chat_or_timeout(body), range(4)))
+        assert answers == ["no answer"] * 4
+        with pytest.raises(SmokeStageFailed) as failed:
+            smoke(config=ep_config)
+        assert failed.value.result.data["service_lost"]["node"] == "local1"
+    finally:
+        teardown(config=ep_config)
+
+
+def chat_or_timeout(body: dict[str, Any]) -> str:
+    try:
+        return str(httpx.post("http://127.0.0.1:18300/v1/chat/completions", json=body, timeout=3).status_code)
+    except httpx.TimeoutException:
+        return "no answer"

@@ -1,0 +1,140 @@
+"""Following the service while a stage uses it: a rank that exits, logs a fatal line or gets stuck fails the stage.
+
+Smoke, bench and accuracy each run their work under `watching(cfg, stage)`: every node's server is
+followed as launch followed it (its exit, and its log from the start through the same watcher, so
+a fatal line written between stages is seen too), and node 0's /metrics is read every
+`serve.liveness.metrics_poll_s` for a stuck rank (tasks/launch/stall.py). The first failure stops
+the stage's tool (its `stop` event, see tasks/launch/stoppable.py) and the stage fails within
+seconds, naming node and DP rank, instead of waiting for a request timeout hours away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+from prefect import runtime
+
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import ServiceLost
+from k3deploy.record import runs_dir
+from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
+from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
+from k3deploy.tasks.launch.runtime import serving_runtimes
+from k3deploy.tasks.launch.stall import StallDetector, readings
+from k3deploy.tasks.render import NodePlan, render_plan
+from k3deploy.tasks.smoke.steps import base_url, engines
+
+T = TypeVar("T")
+WAKE_S = 0.25  # how often the stage's wait looks at both the work and the watch
+
+
+def handle(node_plan: NodePlan) -> str:
+    """The server's name on its node: the container, or the process folder."""
+    spec = node_plan.container or node_plan.process
+    assert spec is not None, "a node plan renders a container or a process"
+    return spec.name
+
+
+class ServiceWatch:
+    """One stage's watch over every rank; `run(fn)` does the stage's work under it."""
+
+    def __init__(self, cfg: DeploymentConfig, stage: str, log_dir: Path) -> None:
+        self.cfg, self.stage = cfg, stage
+        self.stop = threading.Event()  # set once the service is lost: the stage's tools stop
+        self.monitor = LaunchMonitor(LogWatcher(load_patterns()), log_dir, phase=stage, log_suffix=f".{stage}")
+        self._closing = threading.Event()
+
+    def watch_progress(self) -> None:
+        """Node 0's /metrics until closed: a stuck rank, or node 0 not answering, is a failure."""
+        live = self.cfg.serve.liveness
+        url, ranks = base_url(self.cfg), engines(self.cfg)
+        node0 = self.cfg.cluster.nodes[0].name
+        detector = StallDetector(live.stall_timeout_s)
+        answered = time.monotonic()
+        while not self._closing.wait(live.metrics_poll_s):
+            now = time.monotonic()
+            try:
+                text = httpx.get(f"{url}/metrics", timeout=min(live.stall_timeout_s, 30)).raise_for_status().text
+            except httpx.HTTPError as err:
+                if now - answered >= live.stall_timeout_s:
+                    why = f"node 0 has not answered {url}/metrics for {now - answered:.0f} s during {self.stage}"
+                    self.monitor.fail(Failure(node0, 0, why, f"{type(err).__name__}: {err}", time.time(), None))
+                continue
+            answered = now
+            stuck = detector.observe(now, readings(text))
+            if stuck:  # all of them: with expert parallelism one stuck rank holds every other one too
+                named = "; ".join(
+                    f"DP rank {s.engine} ({ranks.get(s.engine, '?')}): {s.running} request(s) running" for s in stuck
+                )
+                reason = (
+                    f"stuck during {self.stage}: no token processed for {stuck[0].seconds:g} s "
+                    f"(node 0's /metrics): {named}"
+                )
+                rank = int(stuck[0].engine) if stuck[0].engine.isdigit() else -1
+                self.monitor.fail(Failure(ranks.get(stuck[0].engine, node0), rank, reason, None, time.time(), None))
+
+    def lost(self) -> ServiceLost | None:
+        failure = self.monitor.failure
+        if failure is None:
+            return None
+        reason = failure.reason + (f": {failure.line}" if failure.line else "")
+        return ServiceLost(self.stage, failure.node, failure.rank, reason)
+
+    def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """`fn(*args, **kwargs)` in a thread of its own (with this run's Prefect context); its result, or
+        ServiceLost as soon as the service is lost (its tools are stopped and given the grace to end)."""
+        lost = self.lost()
+        if lost is not None:  # already gone (between stages, or while the stage prepared): nothing is started
+            raise lost
+        context = contextvars.copy_context()
+        outcome: dict[str, object] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome["value"] = context.run(fn, *args, **kwargs)
+            except BaseException as err:  # handed to the stage's thread below
+                outcome["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True, name=f"k3deploy-{self.stage}").start()
+        while not done.wait(WAKE_S):
+            if self.monitor.failed.is_set():
+                self.stop.set()
+                done.wait(self.cfg.serve.liveness.stop_grace_s)
+                break
+        lost = self.lost()
+        if lost is not None:
+            raise lost
+        if "error" in outcome:
+            raise outcome["error"]  # type: ignore[misc]
+        return outcome["value"]  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._closing.set()
+        self.monitor.stop()
+
+
+@contextlib.contextmanager
+def watching(cfg: DeploymentConfig, stage: str) -> Iterator[ServiceWatch]:
+    """Every rank followed for the block's duration; a rank already gone fails the first `run` at once."""
+    plan = render_plan(cfg)
+    run_id = str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id)
+    watch = ServiceWatch(cfg, stage, runs_dir() / run_id / "logs")
+    with serving_runtimes(cfg) as runtimes:
+        for node_plan in plan.nodes:
+            watch.monitor.follow(node_plan.node, node_plan.dp_rank, runtimes[node_plan.node], handle(node_plan))
+        progress = threading.Thread(target=watch.watch_progress, daemon=True, name=f"k3deploy-{stage}-metrics")
+        progress.start()
+        try:
+            yield watch
+        finally:
+            watch.close()
