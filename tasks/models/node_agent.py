@@ -14,6 +14,7 @@ without a second read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -371,6 +372,17 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
     return FileCheck(expected.path, True)
 
 
+def prune_partials(root: Path) -> None:
+    """Empty folders of the partial area go (deepest first); a partial kept for the next run keeps its own."""
+    base = root / PARTIAL_DIR
+    if not base.is_dir():
+        return
+    folders = sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    for folder in [*folders, base]:
+        with contextlib.suppress(OSError):  # not empty: a partial waits there
+            folder.rmdir()
+
+
 def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[FileCheck], Manifest]:
     """Fetch the files the job names (replacing bad ones), recording each in the manifest as it lands."""
     root.mkdir(parents=True, exist_ok=True)
@@ -396,6 +408,7 @@ def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[Fil
 
     with ThreadPoolExecutor(max_workers=max(1, int(job.get("threads", 2)))) as pool:
         checks = list(pool.map(one, wanted))
+    prune_partials(root)
     if all(f.path in manifest.files for f in listing.files):
         manifest.commit = listing.commit
     problem = try_write_manifest(root, manifest)
