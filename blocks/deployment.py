@@ -25,7 +25,8 @@ NOT_SERVING: dict[str, Any] = {
     "bench": True,
     "accuracy": True,
     "serve": {"readiness", "liveness"},
-    "cluster": {"name", "on_busy", "busy_timeout_s"},
+    "cluster": {"name", "on_busy", "busy_timeout_s", "ssh"},
+    "models": {"threads", "timeout_s", "read_timeout_s", "download_retries", "node_python"},
 }
 
 

@@ -21,7 +21,7 @@ def smoke(config: ConfigSource) -> StageResult:
     run = StageRun("smoke", SmokeStageFailed)
     with run.guard(), watching(cfg, "smoke") as watch:
         ctx = context(cfg, served_vision(cfg))
-        rows = watch.run(smoke_checks, cfg, ctx)
+        rows = watch.run(smoke_checks, cfg, ctx, watch.stop)
     url = base_url(cfg)
     run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail) for r in rows]
     run.table(

@@ -16,9 +16,10 @@ from contextlib import nullcontext
 from enum import StrEnum
 from typing import Any
 
-from prefect import flow, runtime, task
+from prefect import flow, get_client, runtime, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 from prefect.context import TaskRunContext
 from prefect.logging import get_logger, get_run_logger
 
@@ -114,6 +115,9 @@ def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
     what was served). A run whose worker itself died runs no hook: `k3deploy teardown -c …` clears it.
     """
     logger = get_logger("k3deploy.validate")
+    if not stage_runs_of(flow_run.id):  # it never got the cluster (queued behind another run): not its service
+        logger.info("validate %s ended %s before any stage: nothing to tear down", flow_run.id, state.name)
+        return
     params = flow_run.parameters
     try:
         cfg = apply_options(resolve_config(params["config"]), str(params.get("draft") or AS_CONFIGURED), BenchOptions())
@@ -122,7 +126,20 @@ def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
         logger.error("validate %s ended %s; teardown failed (%s): run `k3deploy teardown`", flow_run.id, state.name,
                      err)  # fmt: skip
         raise
-    logger.info("validate %s ended %s; removed %s", flow_run.id, state.name, removed)
+    if any(removed.values()):
+        logger.info("validate %s ended %s; removed %s", flow_run.id, state.name, removed)
+    else:
+        logger.warning("validate %s ended %s; no server of its config (fingerprint %s) found: if its config "
+                       "changed since, run `k3deploy teardown` with the one it ran", flow_run.id, state.name,
+                       cfg.fingerprint())  # fmt: skip
+
+
+def stage_runs_of(run_id: Any) -> list[Any]:
+    """The stage subflow runs a validate run started: only a run holding the cluster starts any."""
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])), limit=1
+        )
 
 
 @flow(name="validate", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])

@@ -29,6 +29,9 @@ from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.errors import ClusterBusy
 
 LOG = get_logger("k3deploy.cluster")
+# The slot is leased and renewed while the run lives; a run that died (its worker killed with it) frees the
+# cluster once its lease lapses: a minute, not Prefect's default five.
+LEASE_S = 60.0
 
 
 def cluster_label(cluster: ClusterConfig) -> str:
@@ -75,6 +78,7 @@ def hold_cluster(cluster: ClusterConfig, run_id: UUID | None, run_name: str) -> 
             max_retries=0 if refuse else None,  # refuse: one attempt, a 423 answer is the refusal
             strict=True,
             holder=holder,
+            lease_duration=LEASE_S,
             raise_on_lease_renewal_failure=False,  # a transient API error must not kill a two-hour run
         ):
             acquired = True

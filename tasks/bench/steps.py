@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import NodeError
+from k3deploy.errors import CommandTimeout, NodeError
 from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
 from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.render import Plan, bench_argv, bench_file
@@ -81,8 +81,14 @@ def run_bench(
     with serving_runtimes(cfg) as runtimes:
         beside = runtimes[node.node]
         command = f"mkdir -p {where} && {shlex.join(argv)}"
-        done = beside.run_beside(node, command, cfg.bench.timeout_s, show, stop)
-        (folder / name.replace(".json", ".log")).write_text("\n".join(lines) + "\n")
+        try:
+            done = beside.run_beside(node, command, cfg.bench.timeout_s, show, stop)
+        except CommandTimeout:
+            tail = "\n".join(lines[-TAIL_LINES:])
+            raise NodeError(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) killed after "
+                                       f"bench.timeout_s {cfg.bench.timeout_s:g} s:\n{tail}") from None  # fmt: skip
+        finally:
+            (folder / name.replace(".json", ".log")).write_text("\n".join(lines) + "\n")
         if done.exit_code != 0:
             tail = "\n".join(lines[-TAIL_LINES:])
             raise NodeError(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "

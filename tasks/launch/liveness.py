@@ -68,17 +68,23 @@ class ServiceWatch:
                     self.monitor.fail(Failure(node0, 0, why, f"{type(err).__name__}: {err}", time.time(), None))
                 continue
             answered = now
-            stuck = detector.observe(now, readings(text))
-            if stuck:  # all of them: with expert parallelism one stuck rank holds every other one too
-                named = "; ".join(
-                    f"DP rank {s.engine} ({ranks.get(s.engine, '?')}): {s.running} request(s) running" for s in stuck
+            stuck = sorted(detector.observe(now, readings(text)), key=lambda s: (len(s.engine), s.engine))
+            if stuck:
+                first = stuck[0]
+                named = "; ".join(f"DP rank {s.engine} ({ranks.get(s.engine, '?')}): {s.running} request(s) running"
+                                  for s in stuck)  # fmt: skip
+                many = (
+                    f"{len(stuck)} ranks at once (with expert parallelism one hung rank holds every other: which one "
+                    "hangs cannot be told from /metrics): "
+                    if len(stuck) > 1
+                    else ""
                 )
                 reason = (
-                    f"stuck during {self.stage}: no token processed for {stuck[0].seconds:g} s "
-                    f"(node 0's /metrics): {named}"
+                    f"stuck during {self.stage}: no token processed for {first.seconds:g} s (node 0's /metrics): "
+                    f"{many}{named}"
                 )
-                rank = int(stuck[0].engine) if stuck[0].engine.isdigit() else -1
-                self.monitor.fail(Failure(ranks.get(stuck[0].engine, node0), rank, reason, None, time.time(), None))
+                rank = int(first.engine) if first.engine.isdigit() else -1
+                self.monitor.fail(Failure(ranks.get(first.engine, node0), rank, reason, None, time.time(), None))
 
     def lost(self) -> ServiceLost | None:
         failure = self.monitor.failure
@@ -106,11 +112,15 @@ class ServiceWatch:
                 done.set()
 
         threading.Thread(target=work, daemon=True, name=f"k3deploy-{self.stage}").start()
-        while not done.wait(WAKE_S):
-            if self.monitor.failed.is_set():
+        try:
+            while not done.wait(WAKE_S):
+                if self.monitor.failed.is_set():
+                    self.stop.set()
+                    done.wait(self.cfg.serve.liveness.stop_grace_s)
+                    break
+        finally:
+            if not done.is_set():  # lost, or this thread leaves early (cancelled): its tools do not outlive it
                 self.stop.set()
-                done.wait(self.cfg.serve.liveness.stop_grace_s)
-                break
         lost = self.lost()
         if lost is not None:
             raise lost

@@ -20,6 +20,7 @@ from k3deploy.tasks.launch.runtime import Runtime
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut: memory stays bounded
 EXIT_LOG_GRACE_S = 2.0  # after an exit, let the log thread read the last lines (they name the cause)
+STOP_JOIN_S = 15.0  # longest stop() waits for the followers it stops on the nodes
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class LaunchMonitor:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._log_threads: dict[str, threading.Thread] = {}
+        self._joined: list[threading.Thread] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def fail(self, failure: Failure) -> None:
@@ -83,6 +85,8 @@ class LaunchMonitor:
         logs = threading.Thread(target=self._follow_logs, args=(node, rank, runtime, handle), daemon=True)
         waits = threading.Thread(target=self._wait_exit, args=(node, rank, runtime, handle), daemon=True)
         self._log_threads[node] = logs
+        if runtime.follow_ends_on_stop:
+            self._joined += [logs, waits]
         logs.start()
         waits.start()
 
@@ -113,8 +117,13 @@ class LaunchMonitor:
         self.fail(Failure(node, rank, f"{ended} during {self.phase}", tail, time.time(), None))
 
     def stop(self) -> None:
-        """Stop reporting; the threads end when their streams close (teardown) or at the next timeout."""
+        """Stop reporting. Followers that end on stop (a process's tail and exit wait, stopped on the node) are
+        waited for, so that nothing of them is left there once the caller closes its connections; the others
+        end when their streams close."""
         self._stopping.set()
+        deadline = time.monotonic() + STOP_JOIN_S
+        for thread in self._joined:
+            thread.join(max(0.0, deadline - time.monotonic()))
         for buffer in self.buffers.values():
             with contextlib.suppress(OSError):
                 buffer.close()

@@ -36,6 +36,7 @@ class Runtime(Protocol):
     """One node's serving runtime."""
 
     node: str
+    follow_ends_on_stop: bool  # log_chunks and wait_exit return soon after `stopping` is set (else: at close)
 
     def start(self, plan: NodePlan) -> Started:
         """Start the node's server as planned; adopt one of this very config, refuse anything else."""
@@ -72,6 +73,8 @@ class Runtime(Protocol):
 
 class DockerRuntime:
     """A container per node through the Docker API (docker SDK over the node's SSH connection)."""
+
+    follow_ends_on_stop = False  # its log stream and exit wait end when the client closes, not before
 
     def __init__(self, node: str, client: docker.DockerClient, setup_scripts: Sequence[str] = ()) -> None:
         self.node, self.client, self.setup_scripts = node, client, tuple(setup_scripts)
@@ -139,6 +142,8 @@ class DockerRuntime:
             code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.APIError as err:
             raise LaunchError(self.node, f"cannot run in {container}: {err.explanation or err}") from None
+        except (requests.exceptions.RequestException, OSError) as err:  # the node's engine or connection went
+            raise LaunchError(self.node, f"cannot run in {container}: {type(err).__name__}: {err}") from None
         output = "\n".join(out)
         return CommandResult(
             self.node, text, -1 if code is None else int(code), output, output, time.monotonic() - started
@@ -195,6 +200,8 @@ def stop_script(folder: str, grace_s: float) -> str:
 
 class ProcessRuntime:
     """vLLM run directly on the node from the serving environment, in a session of its own."""
+
+    follow_ends_on_stop = True  # its tail and exit wait are stopped on the node, through the still open transport
 
     def __init__(self, node: str, transport: Transport, state_root: str, grace_s: float) -> None:
         self.node, self.transport, self.state_root, self.grace_s = node, transport, state_root, grace_s

@@ -9,6 +9,7 @@ machine) can stop it: whatever the transport, nothing of it is left running.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import threading
 import uuid
@@ -37,11 +38,15 @@ def stop_command(pidfile: str) -> str:
     return f'p=$(cat {q} 2>/dev/null); if [ -n "$p" ]; then kill -TERM "$p" 2>/dev/null; fi; true'
 
 
-def timed(result: CommandResult, timeout: float) -> CommandResult:
-    """`timeout` killed it (status 124, or 137 after the grace): CommandTimeout, as a transport says it."""
+def timed(result: CommandResult, command: str, timeout: float) -> CommandResult:
+    """The result under the caller's own command (not its wrapping); `timeout` having killed it (status 124,
+    or 137 after the grace) is a CommandTimeout, as a transport says it."""
+    result = dataclasses.replace(result, command=command)
     if result.exit_code in TIMEOUT_EXIT_CODES and result.duration_s >= timeout:
         tail = (result.stderr or result.stdout)[-300:]
-        raise CommandTimeout(result.host, f"killed after {timeout:g}s: {result.command!r}; last output: {tail!r}")
+        raise CommandTimeout(
+            result.host, f"killed after {timeout:g}s: {command!r}; last output: {tail!r}", result.stdout, result.stderr
+        )
     return result
 
 
@@ -58,13 +63,13 @@ def run_stoppable(
     `start` and `signal` run a shell command at the same place (both must reach the same /tmp).
     """
     if stop is None:
-        return timed(start(with_timeout(command, timeout)), timeout)
+        return timed(start(with_timeout(command, timeout)), command, timeout)
     pidfile, done = pid_file(), threading.Event()
 
     def stopper() -> None:
         while not done.is_set():
             if stop.wait(WAKE_S) and not done.is_set():
-                with contextlib.suppress(K3DeployError):
+                with contextlib.suppress(Exception):  # the node may be gone too: try again until the command ended
                     signal(stop_command(pidfile))
                 done.wait(RETRY_S)
 
@@ -72,8 +77,8 @@ def run_stoppable(
         raise K3DeployError("not started: the service was already lost")
     threading.Thread(target=stopper, daemon=True, name="k3deploy-stopper").start()
     try:
-        return timed(start(stoppable_command(command, timeout, pidfile)), timeout)
+        return timed(start(stoppable_command(command, timeout, pidfile)), command, timeout)
     finally:
         done.set()
-        with contextlib.suppress(K3DeployError):
+        with contextlib.suppress(Exception):  # a pid file left in /tmp must not hide the command's own outcome
             signal(f"rm -f {shlex.quote(pidfile)}")

@@ -6,6 +6,7 @@ Every request has its own timeout: a dead DP rank leaves its share of requests h
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,13 +76,21 @@ def run_check(
 
 
 def run_checks(
-    base_url: str, checks: tuple[Check, ...], ctx: Context, timeout: float, on_row: Callable[[Row], None]
+    base_url: str,
+    checks: tuple[Check, ...],
+    ctx: Context,
+    timeout: float,
+    on_row: Callable[[Row], None],
+    stop: threading.Event | None = None,
 ) -> list[Row]:
-    """Every check in turn, each row handed to `on_row` as it is done (progress for long checks)."""
+    """Every check in turn, each row handed to `on_row` as it is done (progress for long checks); no further
+    check once `stop` is set (the service was lost: the stage says so, not a row per check)."""
     limits = httpx.Limits(max_connections=ctx.burst + 4, max_keepalive_connections=ctx.burst + 4)
     rows = []
     with httpx.Client(base_url=base_url, limits=limits) as http:
         for check in checks:
+            if stop is not None and stop.is_set():
+                break
             rows.append(run_check(http, check, ctx, timeout))
             on_row(rows[-1])
     return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 
 from prefect import task
 from prefect.logging import get_run_logger
@@ -62,10 +63,11 @@ def context(cfg: DeploymentConfig, vision: bool) -> Context:
 
 
 @task(name="smoke checks")
-def smoke_checks(cfg: DeploymentConfig, ctx: Context) -> list[Row]:
+def smoke_checks(cfg: DeploymentConfig, ctx: Context, stop: threading.Event | None = None) -> list[Row]:
+    """Every check against node 0; none started once `stop` is set (the service was lost)."""
     logger = get_run_logger()
 
     def show(row: Row) -> None:
         logger.info("%s: %s (%.1f s): %s", row.check, row.verdict, row.seconds, row.outcome.detail)
 
-    return run_checks(base_url(cfg), CHECKS, ctx, cfg.smoke.request_timeout_s, show)
+    return run_checks(base_url(cfg), CHECKS, ctx, cfg.smoke.request_timeout_s, show, stop)

@@ -114,10 +114,11 @@ def slow_standin(tmp_path: Path, **cluster: Any) -> str:
     return write_config(folder / "site.yaml", data)
 
 
-def slow_bench(tmp_path: Path) -> str:
-    """The stand-in profile whose answers take 0.2 s a token: its bench runs over a minute."""
+def slow_bench(tmp_path: Path, **cluster: Any) -> str:
+    """The stand-in profile whose answers take 0.2 s a token: its bench runs over half a minute."""
     data = standin_profile(tmp_path)
     data["serve"]["env"]["K3SIM_TOKEN_S"] = "0.2"
+    data["cluster"] |= cluster
     return write_config(tmp_path / "site.yaml", data)
 
 
@@ -190,10 +191,31 @@ def test_a_validate_run_cancelled_during_bench_leaves_nothing_running(worker, tm
 
 
 @pytest.mark.faults
+def test_cancelling_a_run_queued_for_the_cluster_leaves_the_holders_service_alone(worker, tmp_path):
+    """Its hook tears down only what a run that got the cluster served: a queued run served nothing."""
+    config = slow_bench(tmp_path)
+    apply(config, worker)
+    first = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
+    wait_for("the first run's bench", lambda: bench_runs_left(tmp_path))
+    second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
+    wait_for("the second run to wait for the cluster", lambda: flow_run(second.id).state.type is StateType.RUNNING)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(second.id, Cancelling(), force=True)
+    assert finished(second.id).state.type is StateType.CANCELLED
+    assert children(second.id) == []
+    assert bench_runs_left(tmp_path) and not nothing_serving(tmp_path)  # the first run's service untouched
+    assert finished(first.id).state.type is StateType.COMPLETED  # and its bench went through
+    assert nothing_serving(tmp_path)
+
+
+@pytest.mark.faults
 def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_clears(worker, tmp_path):
     """The worker and the run it executes die at once (SIGKILL: no hook can run); the servers they started
-    (sessions of their own) live on, and `teardown` on its own finds and removes them."""
-    config = slow_bench(tmp_path)
+    (sessions of their own) live on, and `teardown` on its own finds and removes them.
+
+    The dead run's cluster slot is freed when its lease lapses, by the server's repossessor service, which
+    the test harness's ephemeral server does not run: this run holds a cluster name of its own."""
+    config = slow_bench(tmp_path, name=f"killed-{uuid4().hex[:6]}")
     apply(config, worker)
     run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
     wait_for("bench to run", lambda: bench_runs_left(tmp_path))
@@ -211,6 +233,7 @@ def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_cle
     }
     assert nothing_serving(tmp_path)
     wait_for("the bench tool to end with its server", lambda: not bench_runs_left(tmp_path))
+    assert holder(config) == str(run.id)  # nobody released it: the lease lapses (LEASE_S) on a real server
 
 
 def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, tmp_path):
