@@ -18,8 +18,8 @@ from k3deploy.errors import NodeError
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Score, ais_scores, dataset_hash, lm_eval_scores
 from k3deploy.tasks.image.environment import provision_script
-from k3deploy.tasks.launch.stoppable import run_stoppable
-from k3deploy.tasks.transport.base import KILL_GRACE_S, CommandResult, OutputCallback
+from k3deploy.tasks.launch.stoppable import run_stoppable_on
+from k3deploy.tasks.transport.base import OutputCallback
 from k3deploy.tasks.transport.local import LocalTransport
 
 HERE = "k3deploy"  # the evaluators run where k3deploy runs
@@ -47,12 +47,7 @@ def provision_evaluator(name: str, env: EvaluatorEnvironment) -> None:
 def _run(name: str, command: str, timeout: float, log: Path, stop: threading.Event | None) -> None:
     """The evaluator here, killed (its whole process group) once `stop` is set: the service was lost."""
     lines: list[str] = []
-    here, show = LocalTransport(HERE), _shown(name, lines)
-
-    def start(text: str) -> CommandResult:
-        return here.run(text, timeout + KILL_GRACE_S + 5, on_output=show)
-
-    done = run_stoppable(start, lambda text: here.run(text, 60), command, timeout, stop)
+    done = run_stoppable_on(LocalTransport(HERE), command, timeout, stop, _shown(name, lines))
     log.write_text("\n".join(lines) + "\n")
     if done.exit_code != 0:
         raise NodeError(HERE, f"{name} exited {done.exit_code}:\n" + "\n".join(lines[-TAIL_LINES:]))

@@ -24,9 +24,9 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
-from k3deploy.tasks.launch.stoppable import run_stoppable
+from k3deploy.tasks.launch.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
-from k3deploy.tasks.transport.base import KILL_GRACE_S, CommandResult, Transport
+from k3deploy.tasks.transport.base import CommandResult, Transport
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
 FOREVER_S = 7 * 24 * 3600.0  # a log follow or an exit wait lasts as long as the server does
@@ -238,15 +238,9 @@ class ProcessRuntime:
         lines: queue.Queue[bytes | None] = queue.Queue()
 
         def follow() -> None:
-            try:
-                run_stoppable(
-                    lambda text: self.transport.run(
-                        text, FOREVER_S, on_output=lambda _h, _stream, line: lines.put((line + "\n").encode())
-                    ),
-                    lambda text: self.transport.run(text, 60),
-                    command,
-                    FOREVER_S,
-                    stopping,  # the tail ends on the node when the follow stops, not only when the server does
+            try:  # the tail ends on the node when the follow stops, not only when the server does
+                run_stoppable_on(
+                    self.transport, command, FOREVER_S, stopping, lambda _h, _s, line: lines.put((line + "\n").encode())
                 )
             except K3DeployError:
                 pass  # the connection went: the exit wait reports what happened
@@ -264,10 +258,7 @@ class ProcessRuntime:
             f"cat {folder}/rc 2>/dev/null || echo gone"
         )
         try:
-            result = run_stoppable(
-                lambda text: self.transport.run(text, FOREVER_S), lambda text: self.transport.run(text, 60),
-                script, FOREVER_S, stopping,
-            )  # fmt: skip
+            result = run_stoppable_on(self.transport, script, FOREVER_S, stopping)
         except K3DeployError as err:
             return None if stopping.is_set() else f"the node stopped answering while the process ran: {err}"
         if stopping.is_set():
@@ -303,13 +294,7 @@ class ProcessRuntime:
         assert plan.process is not None, "serve.runtime process renders a process"
         assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.process.environment.items())
         show = None if on_line is None else (lambda _host, _stream, line: on_line(line))
-        return run_stoppable(
-            lambda text: self.transport.run(text, timeout + KILL_GRACE_S + 5, on_output=show),
-            lambda text: self.transport.run(text, 60),
-            f"env {assignments} sh -c {shlex.quote(command)}",
-            timeout,
-            stop,
-        )
+        return run_stoppable_on(self.transport, f"env {assignments} sh -c {shlex.quote(command)}", timeout, stop, show)
 
 
 @contextlib.contextmanager

@@ -17,10 +17,18 @@ from collections.abc import Callable
 from typing import Any
 
 from k3deploy.errors import CommandTimeout, K3DeployError
-from k3deploy.tasks.transport.base import TIMEOUT_EXIT_CODES, CommandResult, with_timeout
+from k3deploy.tasks.transport.base import (
+    KILL_GRACE_S,
+    TIMEOUT_EXIT_CODES,
+    CommandResult,
+    OutputCallback,
+    Transport,
+    with_timeout,
+)
 
 RETRY_S = 1.0  # a stop is sent again until the command ended (it may not have written its pid yet)
 WAKE_S = 0.25  # how often the stopper looks at `stop`
+SIGNAL_TIMEOUT_S = 60.0  # a stop or a pid file's removal: a short command
 
 
 def pid_file() -> str:
@@ -82,3 +90,20 @@ def run_stoppable(
         done.set()
         with contextlib.suppress(Exception):  # a pid file left in /tmp must not hide the command's own outcome
             signal(f"rm -f {shlex.quote(pidfile)}")
+
+
+def run_stoppable_on(
+    transport: Transport,
+    command: str,
+    timeout: float,
+    stop: threading.Event | None,
+    on_output: OutputCallback | None = None,
+) -> CommandResult:
+    """run_stoppable through a transport: the command and its stops run on the same node (or here)."""
+    return run_stoppable(
+        lambda text: transport.run(text, timeout + KILL_GRACE_S + 5, on_output=on_output),  # its own timeout first
+        lambda text: transport.run(text, SIGNAL_TIMEOUT_S),
+        command,
+        timeout,
+        stop,
+    )

@@ -122,6 +122,21 @@ def slow_bench(tmp_path: Path, **cluster: Any) -> str:
     return write_config(tmp_path / "site.yaml", data)
 
 
+def benching_run(worker: str, tmp_path: Path, **cluster: Any) -> tuple[str, FlowRun]:
+    """slow_bench deployed on the worker, and a validate run of launch and bench, returned once it benches."""
+    config = slow_bench(tmp_path, **cluster)
+    apply(config, worker)
+    run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
+    wait_for("bench to run", lambda: bench_runs_left(tmp_path))
+    return config, run
+
+
+def cancel(run_id: UUID) -> None:
+    """As the UI's Cancel does: the run goes Cancelling; its worker kills it and runs its hooks."""
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelling(), force=True)
+
+
 def processes_of(run_id: UUID) -> list[int]:
     """Pids of the processes executing a flow run (the worker gives each its run id in the environment)."""
     marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
@@ -174,12 +189,8 @@ def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(
 @pytest.mark.faults
 def test_a_validate_run_cancelled_during_bench_leaves_nothing_running(worker, tmp_path):
     """Cancelled from the UI (state Cancelling): the worker kills the run, its hook tears the service down."""
-    config = slow_bench(tmp_path)
-    apply(config, worker)
-    run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
-    wait_for("bench to run", lambda: bench_runs_left(tmp_path))
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    _config, run = benching_run(worker, tmp_path)
+    cancel(run.id)
     assert finished(run.id).state.type is StateType.CANCELLED
     wait_for("the servers to be removed", lambda: nothing_serving(tmp_path))
     wait_for("the bench tool to end with its server", lambda: not bench_runs_left(tmp_path))
@@ -193,14 +204,10 @@ def test_a_validate_run_cancelled_during_bench_leaves_nothing_running(worker, tm
 @pytest.mark.faults
 def test_cancelling_a_run_queued_for_the_cluster_leaves_the_holders_service_alone(worker, tmp_path):
     """Its hook tears down only what a run that got the cluster served: a queued run served nothing."""
-    config = slow_bench(tmp_path)
-    apply(config, worker)
-    first = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
-    wait_for("the first run's bench", lambda: bench_runs_left(tmp_path))
+    _config, first = benching_run(worker, tmp_path)
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     wait_for("the second run to wait for the cluster", lambda: flow_run(second.id).state.type is StateType.RUNNING)
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(second.id, Cancelling(), force=True)
+    cancel(second.id)
     assert finished(second.id).state.type is StateType.CANCELLED
     assert children(second.id) == []
     assert bench_runs_left(tmp_path) and not nothing_serving(tmp_path)  # the first run's service untouched
@@ -215,10 +222,7 @@ def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_cle
 
     The dead run's cluster slot is freed when its lease lapses, by the server's repossessor service, which
     the test harness's ephemeral server does not run: this run holds a cluster name of its own."""
-    config = slow_bench(tmp_path, name=f"killed-{uuid4().hex[:6]}")
-    apply(config, worker)
-    run = run_deployment("validate/validate", parameters={"only": ["launch", "bench"]}, timeout=0)
-    wait_for("bench to run", lambda: bench_runs_left(tmp_path))
+    config, run = benching_run(worker, tmp_path, name=f"killed-{uuid4().hex[:6]}")
     os.killpg(int((tmp_path / "worker.pid").read_text()), signal.SIGKILL)
     for pid in processes_of(run.id):
         with contextlib.suppress(ProcessLookupError):
