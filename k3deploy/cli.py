@@ -35,6 +35,8 @@ app = typer.Typer(
 )
 server_app = typer.Typer(help="The local Prefect server k3deploy starts when PREFECT_API_URL is not set.")
 app.add_typer(server_app, name="server")
+cluster_app = typer.Typer(help="Who holds a cluster (one run at a time), and freeing a dead run's hold.")
+app.add_typer(cluster_app, name="cluster")
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -366,6 +368,46 @@ def server_stop() -> None:
 
     info = server.stop()
     out.print(f"stopped the server at {info.ui}" if info else "no k3deploy Prefect server is running")
+
+
+@cluster_app.command("status")
+def cluster_status(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
+    """Say whether the cluster is free, or which run holds it, since when, and whether that run is alive."""
+    cluster = _config(config).cluster
+    with _prefect():
+        from k3deploy.cluster_lock import cluster_hold
+
+        hold = cluster_hold(cluster)
+    if fmt is Format.json:
+        typer.echo(json.dumps(hold.to_json(), indent=2))
+        return
+    if not hold.held:
+        out.print(f"cluster {hold.label}: free ({hold.lock})")
+        return
+    record = hold.record
+    who = record.describe() if record else "an unknown holder (no record)"
+    out.print(f"cluster {hold.label}: held by {who} ({hold.lock})", soft_wrap=True)
+    if record is not None:
+        age = record.renewed_age_s()
+        state = (hold.run_state or "gone").capitalize() if record.run_id else "no flow run (a CLI run)"
+        renewed = "never" if age is None else f"{age:.0f} s ago"
+        out.print(f"  flow run: {state}; last renewed {renewed}; lease {record.lease_id}", soft_wrap=True)
+    dead = hold.dead_reason()
+    out.print(f"  stale: {dead}; `k3deploy cluster release` frees it" if dead else "  alive", soft_wrap=True)
+
+
+@cluster_app.command("release")
+def cluster_release(
+    config: ConfigPath,
+    force: Annotated[bool, typer.Option("--force", help="Release even while the holder looks alive.")] = False,
+) -> None:
+    """Free a hold whose run is dead (ended, or not renewed for longer than its lease); refuses a live one."""
+    cluster = _config(config).cluster
+    with _prefect():
+        from k3deploy.cluster_lock import release_cluster
+
+        said = release_cluster(cluster, force=force)
+    out.print(said, soft_wrap=True)
 
 
 def _fail(message: str) -> NoReturn:

@@ -36,6 +36,14 @@ def bed_transports(bed: Any, hosts: int = 4) -> dict[str, SSHTransport]:
     }
 
 
+# No test waits for a cluster without a bound (the product's default waits as long as it takes).
+BUSY_TIMEOUT_S = 600
+
+
 def write_config(path: Path, data: dict[str, Any]) -> str:
+    """The document as a test's YAML file; its runs give up waiting for the cluster after BUSY_TIMEOUT_S."""
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and "busy_timeout_s" not in cluster:
+        data = {**data, "cluster": {**cluster, "busy_timeout_s": BUSY_TIMEOUT_S}}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from prefect import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 
 
@@ -24,3 +35,42 @@ def latest_artifact(key: str) -> str:
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
         )
     return str(found[0].data)
+
+
+FINISHED = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 240) -> Any:
+    """Poll an observable condition until it holds; fail naming it at the deadline (every wait has one)."""
+    deadline = time.monotonic() + timeout
+    while not (got := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
+    return got
+
+
+def flow_run(run_id: UUID) -> FlowRun:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def finished(run_id: UUID, timeout: float = 300) -> FlowRun:
+    """The run once it is in a final state (failing the test after `timeout` seconds)."""
+    return wait_for(
+        f"run {run_id} to finish", lambda: (r := flow_run(run_id)).state.type.value in FINISHED and r, timeout
+    )
+
+
+def run_logs(run_id: UUID) -> list[str]:
+    """The messages a flow run sent to the server (what its page in the UI shows), oldest first."""
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    return [log.message for log in sorted(logs, key=lambda log: log.timestamp)]
+
+
+def logged(run_id: UUID, text: str, timeout: float = 120) -> str:
+    """The first log message of the run containing `text`, once the server has it."""
+    return wait_for(
+        f"run {run_id} to log {text!r}", lambda: next((m for m in run_logs(run_id) if text in m), None), timeout
+    )

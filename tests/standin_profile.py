@@ -15,6 +15,7 @@ import re
 import shlex
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import yaml
 
@@ -52,6 +53,8 @@ def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = 18300, rpc
     from a local hub of the test's own on `port` + 80."""
     data = json.loads(json.dumps(PROFILE))
     data["cluster"]["model_root"] = str(tmp_path / "models")
+    # A cluster lock of the test's own: no test waits on another's run (write_config bounds the wait too).
+    data["cluster"] |= {"name": f"standin-{uuid4().hex[:8]}"}
     if hub:
         data["models"]["local_hub"] |= {"root": str(tmp_path / "hub"), "port": port + 80}
     else:

@@ -33,7 +33,14 @@ NET_HEALTH_VALUES = (
     "Detect ip set",
 )
 FAULT_KEYS = (
-    "link_down", "net_health", "tls_switch", "ping_loss", "missing_npus", "health", "hccn_exclusive_s", "no_roce"
+    "link_down",
+    "net_health",
+    "tls_switch",
+    "ping_loss",
+    "missing_npus",
+    "health",
+    "hccn_exclusive_s",
+    "no_roce",
 )
 
 

@@ -19,7 +19,8 @@ from k3deploy.record import runs_dir
 from tests.bedconfig import write_config
 
 pytestmark = [pytest.mark.accuracy, pytest.mark.vllm, pytest.mark.e2e, pytest.mark.prefect,
-              pytest.mark.usefixtures("runs_dir")]  # fmt: skip
+              pytest.mark.usefixtures("runs_dir"),
+              pytest.mark.timeout(1800)]  # fmt: skip  # makes lm_eval's and AISBench's environments on a first run
 ROOT = Path(__file__).parents[2]
 LOCAL = ROOT / "configs" / "accuracy" / "local"
 

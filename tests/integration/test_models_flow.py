@@ -358,9 +358,7 @@ def test_model_root_filling_up_mid_download_names_node_and_file_and_a_rerun_resu
 
 
 @pytest.mark.faults
-def test_hub_5xx_and_a_stall_mid_download_are_retried_and_resumed(
-    prefect_server, testbed, hub, nodes, tmp_path
-):
+def test_hub_5xx_and_a_stall_mid_download_are_retried_and_resumed(prefect_server, testbed, hub, nodes, tmp_path):
     """Two 503s on one file, and every node's shard transfer stalling at 1 MiB with the connection open: the nodes
     retry, time the stalled read out, resume with Range from the byte where it stopped, and the stage passes."""
     repo, at, small = "k3test/hubflaky", 1 << 20, "model-00002-of-00002.safetensors"

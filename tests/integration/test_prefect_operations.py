@@ -16,11 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
 
 import pytest
 from prefect import get_client
@@ -40,30 +39,12 @@ from k3deploy.record import read_record
 from k3deploy.rerun import retry
 from tests.bedconfig import write_config
 from tests.ports import port_free
+from tests.prefect_runs import finished, flow_run, logged, wait_for
 from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env, pytest.mark.usefixtures("runs_dir")]
-FINISHED = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 240) -> Any:
-    """Poll an observable condition until it holds; fail naming it at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (got := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
-    return got
-
-
-def flow_run(run_id: UUID) -> FlowRun:
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(run_id)
-
-
-def finished(run_id: UUID, timeout: float = 300) -> FlowRun:
-    return wait_for(f"run {run_id} to finish", lambda: (r := flow_run(run_id)).state.type in FINISHED and r, timeout)
+CLUSTER = "ops-{}"  # this test's configs share one lock (standin_profile gives every other its own)
 
 
 def children(run_id: UUID) -> list[FlowRun]:
@@ -105,13 +86,21 @@ def worker(prefect_server: Path, tmp_path: Path) -> Iterator[str]:
     log.close()
 
 
-def slow_standin(tmp_path: Path, **cluster: Any) -> str:
-    """The stand-in profile whose server takes 5 s to start: a run holds the cluster that long at least."""
-    folder = tmp_path / str(cluster.get("on_busy", "enqueue"))  # the same nodes (this machine): the same lock
+def gated_standin(tmp_path: Path, **cluster: Any) -> str:
+    """The stand-in profile whose servers do not finish starting until open_gate(tmp_path): a run holds the
+    cluster until the test has seen what it waits for, however fast or slow the machine is."""
+    folder = tmp_path / str(cluster.get("on_busy", "enqueue"))
     data = standin_profile(folder)
-    data["serve"]["env"]["K3SIM_STARTUP_S"] = "5"
-    data["cluster"] |= cluster
+    data["cluster"] |= {"name": CLUSTER.format(uuid5(NAMESPACE_URL, str(tmp_path)).hex[:8])} | cluster
+    data["serve"]["readiness"]["timeout_s"] = 900
+    data["serve"]["env"]["K3SIM_CONTROL_FILE"] = str(tmp_path / "gate.json")
+    if not (tmp_path / "gate.json").exists():
+        (tmp_path / "gate.json").write_text(json.dumps({"K3SIM_STARTUP_S": 3600}))  # re-read while starting
     return write_config(folder / "site.yaml", data)
+
+
+def open_gate(tmp_path: Path) -> None:
+    (tmp_path / "gate.json").write_text(json.dumps({"K3SIM_STARTUP_S": 0.5}))
 
 
 def slow_bench(tmp_path: Path, **cluster: Any) -> str:
@@ -154,15 +143,18 @@ def holder(config: str) -> str | None:
 
 
 def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_its_turn(worker, tmp_path):
-    config = slow_standin(tmp_path)
+    config = gated_standin(tmp_path)
     deployed = apply(config, worker)
     assert {"nightly", "validate", "stage-models", "stage-launch", "teardown"} <= set(deployed)
     first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     wait_for("the first run to hold the cluster", lambda: holder(config) == str(first.id))
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
-    wait_for("the second run to start", lambda: flow_run(second.id).state.type is StateType.RUNNING)
-    assert holder(config) == str(first.id)  # the second one is running, waiting for the slot
-    a, b = finished(first.id), finished(second.id)
+    # The first run cannot end before the gate opens, so the second finds the cluster held, and says so.
+    said = logged(second.id, "waiting for it", timeout=300)
+    assert f"({first.id})" in said
+    assert children(second.id) == [] and holder(config) == str(first.id)
+    open_gate(tmp_path)
+    a, b = finished(first.id, timeout=600), finished(second.id, timeout=600)
     assert (a.state.type, b.state.type) == (StateType.COMPLETED, StateType.COMPLETED), (a.state, b.state)
     b_stages = children(second.id)
     assert {r.name for r in b_stages} and all(r.start_time >= a.end_time for r in b_stages)  # only after a's end
@@ -172,8 +164,8 @@ def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_i
 
 
 def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(worker, tmp_path):
-    holds = slow_standin(tmp_path)
-    refuses = slow_standin(tmp_path, on_busy="refuse")
+    holds = gated_standin(tmp_path)
+    refuses = gated_standin(tmp_path, on_busy="refuse")
     apply(holds, worker)
     first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     wait_for("the first run to hold the cluster", lambda: holder(holds) == str(first.id))
@@ -183,7 +175,8 @@ def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(
     assert f"in use by run {flow_run(first.id).name} ({first.id})" in b.state.message
     assert "cluster.on_busy: refuse" in b.state.message
     assert children(second.id) == []  # it touched nothing
-    assert finished(first.id).state.type is StateType.COMPLETED
+    open_gate(tmp_path)
+    assert finished(first.id, timeout=600).state.type is StateType.COMPLETED
 
 
 @pytest.mark.faults
@@ -206,7 +199,7 @@ def test_cancelling_a_run_queued_for_the_cluster_leaves_the_holders_service_alon
     """Its hook tears down only what a run that got the cluster served: a queued run served nothing."""
     _config, first = benching_run(worker, tmp_path)
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
-    wait_for("the second run to wait for the cluster", lambda: flow_run(second.id).state.type is StateType.RUNNING)
+    logged(second.id, "waiting for it", timeout=300)  # it found the cluster held
     cancel(second.id)
     assert finished(second.id).state.type is StateType.CANCELLED
     assert children(second.id) == []
@@ -220,9 +213,9 @@ def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_cle
     """The worker and the run it executes die at once (SIGKILL: no hook can run); the servers they started
     (sessions of their own) live on, and `teardown` on its own finds and removes them.
 
-    The dead run's cluster slot is freed when its lease lapses, by the server's repossessor service, which
-    the test harness's ephemeral server does not run: this run holds a cluster name of its own."""
-    config, run = benching_run(worker, tmp_path, name=f"killed-{uuid4().hex[:6]}")
+    Nobody releases the dead run's hold; the next run on the cluster takes it over
+    (test_cluster_hold_prefect.py shows that)."""
+    config, run = benching_run(worker, tmp_path)
     os.killpg(int((tmp_path / "worker.pid").read_text()), signal.SIGKILL)
     for pid in processes_of(run.id):
         with contextlib.suppress(ProcessLookupError):
@@ -237,12 +230,12 @@ def test_a_worker_killed_mid_run_leaves_servers_that_the_standalone_teardown_cle
     }
     assert nothing_serving(tmp_path)
     wait_for("the bench tool to end with its server", lambda: not bench_runs_left(tmp_path))
-    assert holder(config) == str(run.id)  # nobody released it: the lease lapses (LEASE_S) on a real server
+    assert holder(config) == str(run.id)  # nobody released it
 
 
 def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, tmp_path):
     pool = f"k3d-test-{uuid4().hex[:6]}"
-    apply(slow_standin(tmp_path), pool)
+    apply(gated_standin(tmp_path), pool)
     with get_client(sync_client=True) as client:
         schema = client.read_deployment_by_name("validate/validate").parameter_openapi_schema
     props, defs = schema["properties"], schema["definitions"]

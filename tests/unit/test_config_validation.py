@@ -38,16 +38,18 @@ def test_site_values_make_a_valid_config():
 )  # fmt: skip
 def test_settings_that_do_not_shape_the_servers_keep_their_fingerprint(change, value):
     """A rerun of bench with other workloads, or teardown, still finds the servers launch labelled."""
-    assert parse_config(with_changes(site_data(), **{change: value})).fingerprint() == parse_config(
-        site_data()
-    ).fingerprint()
+    assert (
+        parse_config(with_changes(site_data(), **{change: value})).fingerprint()
+        == parse_config(site_data()).fingerprint()
+    )
 
 
 @pytest.mark.parametrize(("change", "value"), [("serve__max_num_seqs", 3), ("image__ref", "registry.example/x:2")])
 def test_settings_that_shape_the_servers_change_their_fingerprint(change, value):
-    assert parse_config(with_changes(site_data(), **{change: value})).fingerprint() != parse_config(
-        site_data()
-    ).fingerprint()
+    assert (
+        parse_config(with_changes(site_data(), **{change: value})).fingerprint()
+        != parse_config(site_data()).fingerprint()
+    )
 
 
 def test_reference_with_placeholders_is_refused_naming_each_field():

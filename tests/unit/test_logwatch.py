@@ -172,9 +172,7 @@ def test_cpu_vllm_platform_line_is_the_plugin_milestone_too():
 
 
 def test_the_prefilter_gives_the_same_answer_as_searching_every_pattern():
-    samples = REAL_NODE0.splitlines() + [
-        x["line"] for e in DATA["fatal"] + DATA["milestones"] for x in e["examples"]
-    ]
+    samples = REAL_NODE0.splitlines() + [x["line"] for e in DATA["fatal"] + DATA["milestones"] for x in e["examples"]]
     samples += [f"prefix {s} suffix" for s in samples] + ["", "x", "Loading", "GPU KV cache size: many tokens"]
     for line in samples:
         assert [p.id for p, _ in PATTERNS.match(line)] == [p.id for p, _ in PATTERNS.naive_match(line)], line

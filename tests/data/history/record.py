@@ -23,6 +23,8 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
+
+
 def change(data: dict[str, Any]) -> None:
     data["serve"]["max_num_seqs"] = 1
     data["serve"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] = "0"
