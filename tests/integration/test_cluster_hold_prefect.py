@@ -85,8 +85,9 @@ def test_a_run_killed_holding_the_cluster_is_taken_over_within_the_bound_naming_
     config = with_busy_timeout(cluster_config(tmp_path), TAKEOVER_BOUND_S + 120)  # the wait has a bound
     name = lock_name(load_config(config).cluster)
     with holding_run(config, tmp_path) as proc:
-        dead = read_hold(name)
-        assert dead is not None and dead.lease_id and dead.run_id
+        # While it lives it renews its lease and its record (a renewal that failed would not count the beat).
+        dead = wait_for("the holder to renew", lambda: (r := read_hold(name)) and r.beat >= 1 and r, timeout=120)
+        assert dead.lease_id and dead.run_id
         kill(proc)
     assert flow_run(UUID(dead.run_id)).state.type.value == "RUNNING"  # Prefect does not know it died
     assert cluster_hold(load_config(config).cluster).active_slots == 1  # and its lease stays taken
