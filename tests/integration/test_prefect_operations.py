@@ -120,6 +120,11 @@ def benching_run(worker: str, tmp_path: Path, **cluster: Any) -> tuple[str, Flow
     return config, run
 
 
+def hold_requests(tmp_path: Path, hold: bool) -> None:
+    """The stand-in answers no request while held (K3SIM_HANG, read from its control file as it serves)."""
+    (tmp_path / "control.json").write_text(json.dumps({"K3SIM_HANG": int(hold)}))
+
+
 def cancel(run_id: UUID) -> None:
     """As the UI's Cancel does: the run goes Cancelling; its worker kills it and runs its hooks."""
     with get_client(sync_client=True) as client:
@@ -198,12 +203,14 @@ def test_a_validate_run_cancelled_during_bench_leaves_nothing_running(worker, tm
 def test_cancelling_a_run_queued_for_the_cluster_leaves_the_holders_service_alone(worker, tmp_path):
     """Its hook tears down only what a run that got the cluster served: a queued run served nothing."""
     _config, first = benching_run(worker, tmp_path)
+    hold_requests(tmp_path, True)  # the first run's bench cannot end until the test says so
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     logged(second.id, "waiting for it", timeout=300)  # it found the cluster held
     cancel(second.id)
     assert finished(second.id).state.type is StateType.CANCELLED
     assert children(second.id) == []
     assert bench_runs_left(tmp_path) and not nothing_serving(tmp_path)  # the first run's service untouched
+    hold_requests(tmp_path, False)
     assert finished(first.id).state.type is StateType.COMPLETED  # and its bench went through
     assert nothing_serving(tmp_path)
 
