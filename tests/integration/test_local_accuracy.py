@@ -35,7 +35,8 @@ def test_lm_eval_and_ais_bench_score_the_local_dataset_with_sample_counts(prefec
         "ais_bench": {"dataset_path": str(LOCAL / "k3_arith.jsonl"), "max_out_len": 64, "batch_size": 16},
     }
     config = write_config(tmp_path / "local-accuracy.yaml", data)
-    state = validate(config=config, only=["launch", "accuracy"], return_state=True)
+    # models too: on a fresh machine nothing else has put the checkpoint in the profile's model root yet.
+    state = validate(config=config, only=["models", "launch", "accuracy"], return_state=True)
     assert state.is_completed(), state.message
     document = json.loads((runs_dir() / str(state.state_details.flow_run_id) / "record.json").read_text())
     stage = next(s for s in document["stages"] if s["stage"] == "accuracy")
