@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import site
 import subprocess
 import sys
 import venv
@@ -20,8 +21,12 @@ def sh(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_a_plain_install_claims_only_k3deploy_and_its_cli_runs(tmp_path):
     # The dependencies come from this interpreter's site-packages; k3deploy itself is built from the checkout.
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    # This interpreter may itself be a virtual environment (.venv/): its site-packages, added as plain paths
+    # (their .pth files, among them the checkout's editable hook, are not run), come after the new env's own.
+    own = sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path).stdout.strip()
+    Path(own, "test-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = sh(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", ROOT, cwd=tmp_path)
     assert install.returncode == 0, install.stderr
 
