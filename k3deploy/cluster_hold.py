@@ -9,7 +9,7 @@ across hosts, and no server service (Prefect's lease repossessor) relied on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,19 +62,10 @@ class HoldRecord:
         )
 
     def to_value(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "run_name": self.run_name,
-            "since": self.since,
-            "lease_id": self.lease_id,
-            "beat": self.beat,
-            "renewed": self.renewed,
-            "host": self.host,
-            "pid": self.pid,
-        }
+        return asdict(self)
 
     def next_beat(self) -> HoldRecord:
-        return HoldRecord(**{**self.to_value(), "beat": self.beat + 1, "renewed": utc_now()})
+        return replace(self, beat=self.beat + 1, renewed=utc_now())
 
     def describe(self) -> str:
         """'run NAME (ID), since T' as messages name a holder."""
