@@ -5,7 +5,7 @@ from prefect import flow
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import TeardownFailed, TeardownIncomplete
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.launch.steps import remove_containers
+from k3deploy.tasks.launch.steps import remove_containers, removed_summary
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -25,11 +25,7 @@ def teardown(config: ConfigSource, run_id: str | None = None) -> StageResult:
     ] + [Finding(node, "nothing left", False, why) for node, why in problems.items()]
     run.table("removed", [{"node": node, "removed": ", ".join(names) or "-"} for node, names in removed.items()])
     run.data = {"removed": removed, "not_cleared": problems}
-    count = sum(map(len, removed.values()))
     if problems:
-        run.failed(f"{len(problems)} node(s) not cleared ({', '.join(problems)}): run teardown again once they are")
-    return run.passed(
-        f"removed {count}: {', '.join(n for names in removed.values() for n in names)}"
-        if count
-        else "nothing was running"
-    )
+        run.failed(f"{len(problems)} node(s) not cleared ({', '.join(problems)}); run teardown again once "
+                   f"they are reachable and what survives there is stopped.")  # fmt: skip
+    return run.passed(removed_summary(removed))

@@ -188,14 +188,42 @@ def parse_ps(text: str) -> list[ProcessState]:
     return out
 
 
+def group_members(pgid: str) -> str:
+    """POSIX sh: the live (not zombie) processes of process group `pgid`, one `pid args` line each."""
+    keep = "'$2 == g && $3 !~ /^Z/ {$2 = $3 = \"\"; print}'"
+    return f"ps -e -o pid= -o pgid= -o stat= -o args= | awk -v g={pgid} {keep}"
+
+
+LEFT_MARK = "k3deploy: still running:"
+
+
 def stop_script(folder: str, grace_s: float) -> str:
-    """SIGTERM the process's session, SIGKILL it after the grace, then remove its folder."""
+    """SIGTERM the process's whole group, SIGKILL it after the grace, and remove its folder only once no
+    process of the group is left: the leader (the wrapper whose pid is kept) may be dead while the server it
+    started runs on. Otherwise print what survives after LEFT_MARK and exit 3, keeping the folder."""
     d = shlex.quote(folder)
-    return (
-        f'p=$(cat {d}/pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then kill -TERM -- "-$p"; '
-        f'i=0; while kill -0 "$p" 2>/dev/null && [ "$i" -lt {int(grace_s * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
-        f'kill -KILL -- "-$p" 2>/dev/null; fi; rm -rf {d}'
+    left = group_members('"$p"')
+    wait = 'i=0; while [ -n "$({left})" ] && [ "$i" -lt {n} ]; do sleep 0.1; i=$((i+1)); done'
+    return "; ".join(
+        [
+            f'p=$(cat {d}/pid 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac',
+            'if [ -n "$p" ]; then kill -TERM "-$p" 2>/dev/null',
+            wait.format(left=left, n=int(grace_s * 10)),
+            'kill -KILL "-$p" 2>/dev/null',
+            wait.format(left=left, n=50),
+            f's=$({left}); if [ -n "$s" ]; then echo {shlex.quote(LEFT_MARK)}; echo "$s"; exit 3; fi',
+            f"fi; rm -rf {d}",
+        ]
     )
+
+
+class ServersSurvived(K3DeployError):
+    """A stop left processes of a server's group alive: the node is not clear."""
+
+    def __init__(self, node: str, removed: list[str], survivors: dict[str, str]) -> None:
+        self.node, self.removed, self.survivors = node, removed, survivors
+        described = "; ".join(f"{name}: {left}" for name, left in survivors.items())
+        super().__init__(f"{node}: still running after SIGTERM and SIGKILL of its process group: {described}")
 
 
 class ProcessRuntime:
@@ -227,7 +255,8 @@ class ProcessRuntime:
                     f"a process named {spec.name} is already running ({owner}); this config is "
                     f"{spec.labels.get(CONFIG_LABEL)}. Run teardown for its config or stop it by hand.",
                 )
-            self.transport.run(stop_script(spec.state_dir, self.grace_s), timeout=60).check()  # dead: start afresh
+            stopped = self.transport.run(stop_script(spec.state_dir, self.grace_s), timeout=60 + self.grace_s)
+            stopped.check()  # a dead one of ours: start anew
         self.transport.run(spec.start_script(), timeout=60).check()
         return Started(self.node, spec.name, spec.name, adopted=False)
 
@@ -274,10 +303,18 @@ class ProcessRuntime:
         return [s for s in self._states() if all(s.labels.get(k) == v for k, v in wanted.items())]
 
     def remove(self, labels: Mapping[str, str]) -> list[str]:
-        removed = []
+        """ServersSurvived when a process of a server's group outlives the stop (its folder is kept)."""
+        removed, survivors = [], {}
         for state in self._mine(labels):
-            self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60).check()
+            done = self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60 + self.grace_s)
+            if LEFT_MARK in done.stdout:
+                left = done.stdout.split(LEFT_MARK, 1)[1].strip().splitlines()
+                survivors[state.name] = ", ".join(" ".join(line.split())[:120] for line in left[:5])
+                continue
+            done.check()
             removed.append(state.name)
+        if survivors:
+            raise ServersSurvived(self.node, removed, survivors)
         return removed
 
     def names(self, labels: Mapping[str, str]) -> list[str]:

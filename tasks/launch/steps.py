@@ -18,7 +18,7 @@ from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
-from k3deploy.tasks.launch.runtime import node_runtime, serving_runtimes
+from k3deploy.tasks.launch.runtime import ServersSurvived, node_runtime, serving_runtimes
 from k3deploy.tasks.render import Plan
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
@@ -131,7 +131,11 @@ def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> d
 
     def clear(node: str) -> tuple[list[str], list[str]]:
         with node_runtime(cfg, node) as runtime:
-            return runtime.remove(labels), runtime.names(labels)
+            try:
+                gone = runtime.remove(labels)
+            except ServersSurvived as err:  # the engine outlived its stop: named, never called removed
+                return err.removed, [f"{name} ({left})" for name, left in err.survivors.items()]
+            return gone, runtime.names(labels)
 
     nodes = [n.name for n in cfg.cluster.nodes]
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
@@ -157,3 +161,19 @@ def remove_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[
     removed = remove_run_containers(cfg, run_id)
     get_run_logger().info("removed: %s", {n: names for n, names in removed.items() if names} or "nothing")
     return removed
+
+
+def removed_summary(removed: dict[str, list[str]]) -> str:
+    """'removed 4: vllm-kimi-k3 on node0, node1, node2 and node3.': every name with the nodes it was on."""
+    on: dict[str, list[str]] = {}
+    for node, names in removed.items():
+        for name in names:
+            on.setdefault(name, []).append(node)
+    if not on:
+        return "nothing was running."
+    count = sum(map(len, on.values()))
+    return f"removed {count}: " + _and([f"{name} on {_and(nodes)}" for name, nodes in on.items()]) + "."
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
