@@ -35,7 +35,7 @@ def bench(config: ConfigSource) -> StageResult:
 
     def measure(stop: threading.Event) -> None:
         for workload, concurrency in planned_runs(cfg):
-            done = saved_run(folder, workload, concurrency)
+            done = saved_run(cfg, folder, workload, concurrency)
             resumed = done is not None
             if done is None:
                 done = run_bench(cfg, plan, workload, concurrency, folder, stop)

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +25,12 @@ FIGURES = (
 )
 
 
+# Always in a result of `vllm bench serve` that served anything; the summary and the history read them.
+HEADLINE = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms")
+
+
 class UnreadableResult(K3DeployError, ValueError):
-    """The saved JSON is not a result of `vllm bench serve`; the message names what is missing or wrong."""
+    """The saved JSON is not a result of `vllm bench serve`; the message names the key that is missing or wrong."""
 
 
 @dataclass(frozen=True)
@@ -46,27 +52,83 @@ class BenchRun:
         return self.failed == 0 and self.completed == self.num_prompts
 
 
-def parse_result(text: str, workload: str, concurrency: int) -> BenchRun:
-    """The saved JSON of one run; UnreadableResult (a ValueError) naming what is missing when it is not one."""
+def _reject_constant(name: str) -> float:
+    raise UnreadableResult(f"holds {name}, which is not a number JSON allows")
+
+
+def load_json_object(text: str, what: str) -> dict[str, Any]:
+    """A JSON object, strictly: NaN and ±Infinity (which Python's json accepts) are refused, naming `what`."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant)
+    except UnreadableResult as err:
+        raise UnreadableResult(f"{what} {err}") from None
     except (ValueError, RecursionError) as err:
-        raise UnreadableResult(f"the saved result is not JSON: {err}") from None
+        raise UnreadableResult(f"{what} is not JSON: {err}") from None
     if not isinstance(data, dict):
-        raise UnreadableResult("the saved result is not a JSON object")
-    missing = [k for k in ("num_prompts", "completed") if not isinstance(data.get(k), int)]
-    if missing:
-        raise UnreadableResult(f"the saved result lacks {', '.join(missing)}")
-    reported = isinstance(data.get("failed"), int)
-    failed = int(data["failed"]) if reported else int(data["num_prompts"]) - int(data["completed"])
-    figures = {}
-    for k in FIGURES:
-        if isinstance(data.get(k), int | float):
-            try:
-                figures[k] = float(data[k])
-            except OverflowError:  # an integer beyond any float
-                raise UnreadableResult(f"the saved result's {k} is out of range ({len(str(data[k]))} digits)") from None
-    return BenchRun(workload, concurrency, int(data["num_prompts"]), int(data["completed"]), failed, reported, figures)
+        raise UnreadableResult(f"{what} is not a JSON object")
+    return data
+
+
+def count(data: dict[str, Any], key: str, what: str) -> int:
+    """A count: an integer ≥ 0 (not a bool, not a float, not a string)."""
+    value = data.get(key)
+    if key not in data:
+        raise UnreadableResult(f"{what} lacks {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnreadableResult(f"{what}'s {key} is {str(value)[:40]!r}, not a count")
+    return value
+
+
+def figure(data: dict[str, Any], key: str, what: str) -> float:
+    """A figure: a finite number (not a bool, not a string)."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnreadableResult(f"{what}'s {key} is {str(value)[:40]!r}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        raise UnreadableResult(f"{what}'s {key} is out of range ({len(str(value))} digits)") from None
+    if not math.isfinite(number):
+        raise UnreadableResult(f"{what}'s {key} is {number}, not a finite number")
+    return number
+
+
+def required_figures(workload: str, concurrency: int, baselines: Iterable[Baseline]) -> tuple[str, ...]:
+    """What a run must report: the headline figures and every baseline's metric that applies to the run."""
+    wanted = [b.metric for b in baselines if applies(b, workload, concurrency)]
+    return tuple(dict.fromkeys([*HEADLINE, *wanted]))
+
+
+def parse_result(text: str, workload: str, concurrency: int, required: Iterable[str] = HEADLINE) -> BenchRun:
+    """The saved JSON of one run, strictly: a figure or count that is missing, not a number, NaN or ±infinite
+    is an UnreadableResult (a ValueError) naming the key. Figures not required may be absent (vLLM leaves
+    out percentiles not asked for), never malformed."""
+    what = "the saved result"
+    data = load_json_object(text, what)
+    num_prompts, completed = count(data, "num_prompts", what), count(data, "completed", what)
+    reported = "failed" in data
+    failed = count(data, "failed", what) if reported else num_prompts - completed
+    if failed < 0 or completed + failed > num_prompts:
+        raise UnreadableResult(f"{what} counts {completed} completed and {failed} failed of {num_prompts} prompts")
+    wanted = tuple(dict.fromkeys([*required]))
+    absent = [k for k in wanted if data.get(k) is None]
+    if absent:
+        raise UnreadableResult(f"{what} lacks {', '.join(absent)}")
+    keys = dict.fromkeys([*FIGURES, "request_goodput", *wanted])  # request_goodput is null without --goodput
+    figures = {k: figure(data, k, what) for k in keys if data.get(k) is not None}
+    return BenchRun(workload, concurrency, num_prompts, completed, failed, reported, figures)
+
+
+def parse_acceptance(text: str) -> dict[str, Any]:
+    """The `*.spec.json` beside a result: counts and rates, each a finite number (the rates may be null)."""
+    what = "the saved acceptance"
+    data = load_json_object(text, what)
+    for key in ("drafts", "draft_tokens", "accepted_tokens"):
+        figure(data, key, what)
+    for key in ("acceptance_rate", "mean_acceptance_length"):
+        if data.get(key) is not None:
+            figure(data, key, what)
+    return data
 
 
 @dataclass(frozen=True)
@@ -80,14 +142,18 @@ class Comparison:
 
 
 def higher_is_better(metric: str) -> bool:
-    return "throughput" in metric
+    return "throughput" in metric or "goodput" in metric
+
+
+def applies(baseline: Baseline, workload: str, concurrency: int) -> bool:
+    return baseline.workload == workload and baseline.concurrency in (None, concurrency)
 
 
 def compare(run: BenchRun, baselines: list[Baseline]) -> list[Comparison]:
     """Each baseline that applies to this run: throughput ≥ threshold × baseline, latency ≤ threshold × baseline."""
     out = []
     for b in baselines:
-        if b.workload != run.workload or (b.concurrency is not None and b.concurrency != run.concurrency):
+        if not applies(b, run.workload, run.concurrency):
             continue
         value = run.figures.get(b.metric)
         limit = b.threshold * b.value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shlex
 import threading
 from pathlib import Path
@@ -16,11 +17,12 @@ from pathlib import Path
 import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import CommandTimeout, NodeError
-from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
+from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_acceptance, parse_result, required_figures
 from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.render import Plan, bench_argv, bench_file
 from k3deploy.tasks.smoke.steps import base_url
@@ -35,15 +37,39 @@ def planned_runs(cfg: DeploymentConfig) -> list[tuple[str, int]]:
     return [(w, c) for w in workloads for c in concurrencies]
 
 
-def saved_run(folder: Path, workload: str, concurrency: int) -> BenchRun | None:
-    """A run already measured in this run's folder, or None (missing or unreadable: run it again)."""
+def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+    """A run already measured in this run's folder, or None: not measured yet, or its files are damaged, and
+    then they are kept beside as `*.unreadable` with a warning naming the file and the key (run it again)."""
     path = folder / bench_file(workload, concurrency)
-    try:
-        run = parse_result(path.read_text(), workload, concurrency)
-    except (OSError, ValueError):
-        return None
     spec = path.with_suffix(".spec.json")
-    return dataclasses.replace(run, speculative=json.loads(spec.read_text())) if spec.exists() else run
+    if not path.exists():
+        return None
+    required = required_figures(workload, concurrency, cfg.bench.baselines)
+    damaged = path
+    try:
+        run = parse_result(path.read_text(), workload, concurrency, required)
+        damaged = spec
+        return dataclasses.replace(run, speculative=parse_acceptance(spec.read_text())) if spec.exists() else run
+    except (OSError, ValueError) as err:
+        _logger().warning("%s: %s; kept as %s.unreadable and measured again", damaged, err, damaged.name)
+        for kept in (path, spec):
+            if kept.exists():
+                kept.replace(kept.with_name(kept.name + ".unreadable"))
+        return None
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # outside a flow (a test, a script)
+        return get_logger("k3deploy.bench")
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Written beside and renamed: a file in the run's folder is whole or absent, never cut by a crash."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def read_metrics(cfg: DeploymentConfig) -> str:
@@ -98,10 +124,12 @@ def run_bench(
         beside.run_beside(node, f"rm -f {saved}; rmdir {where} 2>/dev/null || true", 120)  # kept here, not there
     spec = acceptance(before, read_metrics(cfg))
     try:
-        run = parse_result(text, workload, concurrency)
+        run = parse_result(text, workload, concurrency, required_figures(workload, concurrency, cfg.bench.baselines))
     except ValueError as err:
-        raise NodeError(node.node, f"{cfg.bench.result_dir}/{name}: {err}") from None
+        kept = folder / f"{name}.unreadable"
+        kept.write_text(text)
+        raise NodeError(node.node, f"{cfg.bench.result_dir}/{name} (kept as {kept}): {err}") from None
     if spec is not None:  # written first: the JSON's presence is what marks the run as measured
-        (folder / name).with_suffix(".spec.json").write_text(json.dumps(spec) + "\n")
-    (folder / name).write_text(text)
+        _write_whole((folder / name).with_suffix(".spec.json"), json.dumps(spec) + "\n")
+    _write_whole(folder / name, text)
     return dataclasses.replace(run, speculative=spec, tool_seconds=round(done.duration_s, 3))

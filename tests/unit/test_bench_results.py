@@ -86,14 +86,18 @@ def test_runs_planned_cold_first_then_prefix_hits_at_each_concurrency():
 
 
 def test_a_run_saved_in_the_run_folder_is_resumed_and_a_broken_one_is_run_again(tmp_path):
+    from k3deploy.blocks.loader import parse_config
     from k3deploy.tasks.bench.steps import saved_run
+    from tests.configs import site_data
 
+    cfg = parse_config(site_data())
+    spec = {"drafts": 10, "draft_tokens": 20, "accepted_tokens": 14, "acceptance_rate": 0.7}
     (tmp_path / "random-c2.json").write_text(RANDOM.read_text())
-    (tmp_path / "random-c2.spec.json").write_text('{"acceptance_rate": 0.7}')
-    (tmp_path / "random-c4.json").write_text(RANDOM.read_text()[:100])  # cut short: an interrupted copy
-    resumed = saved_run(tmp_path, "random", 2)
-    assert resumed is not None and resumed.completed == 20 and resumed.speculative == {"acceptance_rate": 0.7}
-    assert saved_run(tmp_path, "random", 4) is None and saved_run(tmp_path, "prefix_repetition", 2) is None
+    (tmp_path / "random-c2.spec.json").write_text(json.dumps(spec))
+    (tmp_path / "random-c4.json").write_text(RANDOM.read_text()[:100])  # cut short: a damaged copy
+    resumed = saved_run(cfg, tmp_path, "random", 2)
+    assert resumed is not None and resumed.completed == 20 and resumed.speculative == spec
+    assert saved_run(cfg, tmp_path, "random", 4) is None and saved_run(cfg, tmp_path, "prefix_repetition", 2) is None
 
 
 def test_speculative_acceptance_from_the_real_counters_change():

@@ -700,7 +700,7 @@ def test_preflight_reads_only_ascii_digits_and_tolerates_any_engine_components()
 def test_bench_result_with_a_figure_beyond_any_float() -> None:
     # was OverflowError: int too large to convert to float
     with pytest.raises(UnreadableResult, match="duration is out of range"):
-        parse_result(json.dumps({"num_prompts": 1, "completed": 1, "duration": 10**400}), "random", 2)
+        parse_result(json.dumps({"num_prompts": 1, "completed": 1, "duration": 10**400}), "random", 2, ["duration"])
     with pytest.raises(UnreadableResult, match="not JSON"):  # a project error now, still a ValueError for callers
         parse_result("", "random", 2)
 

