@@ -1,7 +1,7 @@
 """The accuracy stage: lm_eval and AISBench against the served endpoint, from local datasets.
 
 Each score comes with its evaluator's version, the dataset's hash and the sample accounting
-(completed, failed, missing, unparsed); it fails when samples were lost or a score is off its
+(completed, failed, missing, unparsed, of the dataset's size); it fails when samples were lost or a score is off its
 baseline by more than the threshold. Not applicable until an evaluator is chosen. The evaluations
 run under a watch of every rank (tasks/launch/liveness.py), as smoke and bench do.
 """
@@ -58,8 +58,9 @@ def accuracy(config: ConfigSource) -> StageResult:
                 subject = f"{name} {score.dataset}"
                 counts = f"{score.completed} completed, {score.failed} failed, {score.missing} missing"
                 run.findings.append(
-                    Finding(subject, "samples", score.samples_ok, f"{counts}, {score.unparsed} unparsed")
-                )
+                    Finding(subject, "samples", score.samples_ok,
+                            f"{counts}, {score.unparsed} unparsed of {score.dataset_size}")
+                )  # fmt: skip
                 verdict = compare(score, chosen)
                 if verdict is not None:
                     run.findings.append(Finding(subject, f"{score.metric} vs baseline", verdict[0], verdict[1]))
@@ -68,8 +69,9 @@ def accuracy(config: ConfigSource) -> StageResult:
     run.table("scores", rows, "scores with sample accounting (completed, failed, missing, unparsed)")
     run.data = {"folder": str(folder), "scores": rows}
     run.note(f"evaluator output: `{folder}`")
-    return run.passed("; ".join(f"{s.evaluator} {s.dataset} {s.metric} {s.score:g} ({s.completed} samples)"
-                                for s in scores))  # fmt: skip
+    said = [f"{s.evaluator} {s.dataset} {s.metric} {s.score:g} ({s.completed + s.unparsed} of {s.dataset_size} "
+            "answered)" for s in scores]  # fmt: skip
+    return run.passed("; ".join(said))
 
 
 def _absolute(path: str | None) -> str | None:

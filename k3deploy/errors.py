@@ -47,6 +47,10 @@ class ClusterBusy(K3DeployError):
     """Another run holds the cluster (and this one was told to refuse, or waited long enough)."""
 
 
+class UnreadableEvidence(K3DeployError, ValueError):
+    """A tool's output or a run record is damaged or is not what it writes; the message names the file and key."""
+
+
 class NodeError(K3DeployError):
     """Something went wrong on one node; the message starts with the node's name."""
 

@@ -72,7 +72,7 @@ def accuracy_rows(record: RunRecord) -> list[dict[str, str]]:
             "metric": s["metric"],
             "score": _fmt(s["score"]),
             "samples": f"{s['completed']} completed, {s['failed']} failed, {s['missing']} missing, "
-            f"{s['unparsed']} unparsed",
+            f"{s['unparsed']} unparsed" + (f" of {s['dataset_size']}" if "dataset_size" in s else ""),
         }
         for s in (accuracy.data.get("scores", []) if accuracy else [])
     ]

@@ -1,9 +1,11 @@
 """The evaluators' output files read into scores with sample accounting beside them (no I/O).
 
-completed: samples with an answer; failed: requests that got none (AISBench keeps them in
-`<dataset>_failed.jsonl`; lm_eval stops the whole run instead); missing: dataset samples with no
-record at all; unparsed: answers the evaluator's extraction could not read (lm_eval's filter gives
-`[invalid]`; AISBench leaves an empty prediction).
+Samples are counted against the dataset itself: completed (an answer the evaluator could read) +
+unparsed (an answer its extraction could not read: lm_eval's filter gives `[invalid]`, AISBench
+leaves an empty prediction) + failed (a request that got no answer: AISBench keeps them in
+`<dataset>_failed.jsonl`; lm_eval stops the whole run instead) + missing (no record at all) = the
+dataset's size. A sample recorded twice, a score that is NaN, a configured task or dataset the
+output lacks: each is an unreadable result naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -11,18 +13,24 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.blocks.accuracy import Scoring
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import UnreadableEvidence
+from k3deploy.tasks.evidence import figure, load_json_object
 
 INVALID = {"", "[invalid]"}
 
 
-class UnreadableResults(K3DeployError, ValueError):
-    """An evaluator's output is not what it writes; the message names the file's part and what is wrong."""
+@dataclass(frozen=True)
+class Evidence:
+    """A file an evaluator wrote: where it is (named in every error) and what it says."""
+
+    path: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Score:
     failed: int
     missing: int
     unparsed: int
+    dataset_size: int  # completed + failed + missing + unparsed
 
     @property
     def samples_ok(self) -> bool:
@@ -51,17 +60,38 @@ def dataset_hash(files: dict[str, bytes]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _jsonl(text: str, what: str) -> list[dict[str, Any]]:
+def count_lines(text: str) -> int:
+    """A JSON Lines dataset's size: its non-blank lines."""
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def _jsonl(file: Evidence) -> list[dict[str, Any]]:
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(file.text.splitlines(), 1):
         if line.strip():
             try:
-                row = json.loads(line)
-            except (ValueError, RecursionError) as err:
-                raise UnreadableResults(f"{what}, line {number}, is not JSON: {err}") from None
-            if isinstance(row, dict):
-                rows.append(row)
+                rows.append(load_json_object(line, f"line {number}"))
+            except UnreadableEvidence as err:
+                raise UnreadableEvidence(f"{file.path}: {err}") from None
     return rows
+
+
+def _once(rows: list[dict[str, Any]], key: str, file: Evidence) -> None:
+    twice = sorted((str(k) for k, n in Counter(str(r.get(key)) for r in rows).items() if n > 1))
+    if twice:
+        raise UnreadableEvidence(f"{file.path}: {key} {', '.join(twice)} recorded more than once")
+
+
+def _accounted(
+    evaluator: str, version: str, dataset: str, data_hash: str, metric: str, score: float,
+    answered: list[str], failed: int, size: int, where: str,
+) -> Score:  # fmt: skip
+    unparsed = sum(text.strip() in INVALID for text in answered)
+    recorded = len(answered) + failed
+    if recorded > size:
+        raise UnreadableEvidence(f"{where}: {recorded} samples recorded for {dataset}, which has {size}")
+    return Score(evaluator, version, dataset, data_hash, metric, score, len(answered) - unparsed, failed,
+                 size - recorded, unparsed, size)  # fmt: skip
 
 
 def _first_text(value: Any) -> str:
@@ -71,73 +101,95 @@ def _first_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def lm_eval_scores(results_text: str, samples: dict[str, str], metric: str | None, data_hash: str) -> list[Score]:
-    """One Score per task of a `results_*.json`, accounted from that task's `samples_<task>_*.jsonl` text."""
+def lm_eval_scores(
+    results: Evidence, samples: dict[str, Evidence], tasks: list[str], sizes: dict[str, int], metric: str | None,
+    data_hash: str,
+) -> list[Score]:  # fmt: skip
+    """One Score per configured task, from `results_*.json` and that task's `samples_<task>_*.jsonl`; a task's
+    size is its dataset's (`sizes`), else what lm_eval says it took (n-samples)."""
     try:
-        results = json.loads(results_text)
-    except (ValueError, RecursionError) as err:
-        raise UnreadableResults(f"lm_eval results are not readable: {err}") from None
-    per_task = results.get("results") if isinstance(results, dict) else None
+        data = load_json_object(results.text, "the results")
+    except UnreadableEvidence as err:
+        raise UnreadableEvidence(f"{results.path}: {err}") from None
+    per_task = data.get("results")
     if not isinstance(per_task, dict):
-        raise UnreadableResults("lm_eval results are not readable: no 'results' object")
-    version = str(results.get("lm_eval_version", "?"))
-    counts = results.get("n-samples")
+        raise UnreadableEvidence(f"{results.path}: no 'results' object")
+    absent = [t for t in tasks if t not in per_task]
+    if absent:
+        raise UnreadableEvidence(f"{results.path}: no results for the configured task {', '.join(absent)} "
+                                f"(it has {', '.join(per_task) or 'none'})")  # fmt: skip
+    version = str(data.get("lm_eval_version", "?"))
+    counted_by_tool = data.get("n-samples")
+    counts: dict[str, Any] = counted_by_tool if isinstance(counted_by_tool, dict) else {}
     scores = []
-    for task, figures in per_task.items():
+    for task in tasks:
+        figures = per_task[task]
         if not isinstance(figures, dict):
-            raise UnreadableResults(f"lm_eval results for {task} are not an object: {str(figures)[:80]!r}")
-        keys = [k for k in figures if "," in k and "_stderr" not in k and isinstance(figures[k], int | float)]
+            raise UnreadableEvidence(f"{results.path}: results.{task} is {str(figures)[:80]!r}, not an object")
+        keys = [k for k in figures if "," in k and "_stderr" not in k]
         key = metric if metric is not None else (keys[0] if keys else None)
         if key is None or key not in figures:
-            raise UnreadableResults(f"lm_eval results for {task} have no metric {key!r} (they have {', '.join(keys)})")
+            raise UnreadableEvidence(f"{results.path}: results.{task} has no metric {key!r} "
+                                    f"(it has {', '.join(keys) or 'none'})")  # fmt: skip
         try:
-            score = float(figures[key]) if isinstance(figures[key], int | float) else None
-        except OverflowError:  # an integer beyond any float
-            score = None
-        if score is None:
-            raise UnreadableResults(f"lm_eval results for {task}: {key} is {str(figures[key])[:80]!r}, not a score")
-        rows = _jsonl(samples.get(task, ""), f"lm_eval samples of {task}")
-        counted = counts.get(task) if isinstance(counts, dict) else None
-        expected = counted.get("effective", len(rows)) if isinstance(counted, dict) else len(rows)
-        if not isinstance(expected, int):
-            raise UnreadableResults(f"lm_eval n-samples of {task}: effective is {str(expected)[:80]!r}, not a count")
-        answered = [r for r in rows if _first_text(r.get("resps")).strip()]
-        unparsed = sum(_first_text(r.get("filtered_resps")).strip() in INVALID for r in answered)
-        scores.append(
-            Score("lm_eval", version, task, data_hash, key, score, len(answered),
-                  len(rows) - len(answered), max(0, expected - len(rows)), unparsed)
-        )  # fmt: skip
+            score = figure(figures, key, f"results.{task}")
+        except UnreadableEvidence as err:
+            raise UnreadableEvidence(f"{results.path}: {err}") from None
+        file = samples.get(task, Evidence(f"{results.path} (no samples_{task}_*.jsonl beside it)", ""))
+        rows = _jsonl(file)
+        _once(rows, "doc_id", file)
+        size = sizes.get(task)
+        if size is None:
+            counted = counts.get(task)
+            size = counted.get("effective") if isinstance(counted, dict) else None
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise UnreadableEvidence(f"{results.path}: n-samples.{task}.effective is {str(size)[:40]!r}, "
+                                        "not a count, and the task's dataset is not known here")  # fmt: skip
+        answered = [_first_text(r.get("filtered_resps")) for r in rows if _first_text(r.get("resps")).strip()]
+        scores.append(_accounted("lm_eval", version, task, data_hash, key, score, answered, len(rows) - len(answered),
+                                 size, file.path))  # fmt: skip
     return scores
 
 
 def ais_scores(
-    summary_csv: str, predictions: dict[str, str], failures: dict[str, str], expected: dict[str, int],
+    summary: Evidence, predictions: dict[str, Evidence], failures: dict[str, Evidence], sizes: dict[str, int],
     version: str, data_hash: str,
 ) -> list[Score]:  # fmt: skip
-    """One Score per dataset row of AISBench's summary CSV (columns dataset, version, metric, mode, <model>)."""
+    """One Score per configured dataset (`sizes`: dataset → its size), from its row of AISBench's summary CSV
+    (columns dataset, version, metric, mode, <model>) and its predictions."""
     try:
-        rows = [row for row in csv.reader(io.StringIO(summary_csv)) if row]  # a blank line reads as []
+        rows = [row for row in csv.reader(io.StringIO(summary.text)) if row]  # a blank line reads as []
     except csv.Error as err:
-        raise UnreadableResults(f"AISBench summary is not CSV: {err}") from None
+        raise UnreadableEvidence(f"{summary.path}: not CSV: {err}") from None
     if len(rows) < 2 or rows[0][:4] != ["dataset", "version", "metric", "mode"] or len(rows[0]) < 5:
-        raise UnreadableResults(f"AISBench summary is not the expected table: {summary_csv[:200]!r}")
-    scores = []
+        raise UnreadableEvidence(f"{summary.path}: not the expected table: {summary.text[:200]!r}")
+    by_dataset: dict[str, list[str]] = {}
     for row in rows[1:]:
         if len(row) < 5:
-            raise UnreadableResults(f"AISBench summary row {row!r} has {len(row)} columns, not 5")
-        dataset, metric, value = row[0], row[2], row[4]
+            raise UnreadableEvidence(f"{summary.path}: row {row!r} has {len(row)} columns, not 5")
+        if row[0] in by_dataset:
+            raise UnreadableEvidence(f"{summary.path}: dataset {row[0]} has more than one row")
+        by_dataset[row[0]] = row
+    scores = []
+    for dataset, size in sizes.items():
+        if dataset not in by_dataset:
+            raise UnreadableEvidence(f"{summary.path}: no row for the configured dataset {dataset} "
+                                    f"(it has {', '.join(by_dataset)})")  # fmt: skip
+        metric, value = by_dataset[dataset][2], by_dataset[dataset][4]
         try:
             score = float(value)
         except ValueError:
-            raise UnreadableResults(f"AISBench gave no score for {dataset}: {value!r}") from None
-        done = _jsonl(predictions.get(dataset, ""), f"AISBench predictions of {dataset}")
-        answered = [r for r in done if r.get("success", True)]
-        failed = len(done) - len(answered) + len(_jsonl(failures.get(dataset, ""), f"AISBench failures of {dataset}"))
-        unparsed = sum(not str(r.get("prediction") or "").strip() for r in answered)
-        total = expected.get(dataset, len(answered) + failed)
-        missing = max(0, total - len(answered) - failed)
-        scores.append(Score("ais_bench", version, dataset, data_hash, metric, score, len(answered), failed, missing,
-                            unparsed))  # fmt: skip
+            score = math.nan
+        if not math.isfinite(score):
+            raise UnreadableEvidence(f"{summary.path}: the score of {dataset} is {value!r}, not a finite number")
+        done_file = predictions.get(dataset, Evidence(f"{summary.path} (no predictions of {dataset} beside it)", ""))
+        failed_file = failures.get(dataset, Evidence(done_file.path, ""))
+        done, failed = _jsonl(done_file), _jsonl(failed_file)
+        _once(done, "id", done_file)
+        _once(done + failed, "id", failed_file)
+        answered = [str(r.get("prediction") or "") for r in done if r.get("success", True)]
+        scores.append(_accounted("ais_bench", version, dataset, data_hash, metric, score, answered,
+                                 len(done) - len(answered) + len(failed), size, done_file.path))  # fmt: skip
     return scores
 
 

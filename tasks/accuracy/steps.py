@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
@@ -16,7 +17,7 @@ from k3deploy.blocks.accuracy import AisBenchSettings, EvaluatorEnvironment, LmE
 from k3deploy.blocks.image import ServingEnvironment
 from k3deploy.errors import NodeError
 from k3deploy.tasks.accuracy import commands
-from k3deploy.tasks.accuracy.results import Score, ais_scores, dataset_hash, lm_eval_scores
+from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, count_lines, dataset_hash, lm_eval_scores
 from k3deploy.tasks.image.environment import provision_script
 from k3deploy.tasks.launch.stoppable import run_stoppable_on
 from k3deploy.tasks.transport.base import OutputCallback
@@ -69,12 +70,38 @@ def run_lm_eval(
     results = sorted(output.rglob("results_*.json"))
     if not results:
         raise NodeError(HERE, f"lm_eval wrote no results_*.json under {output}")
-    samples = {task: "".join(p.read_text() for p in output.rglob(f"samples_{task}_*.jsonl")) for task in settings.tasks}
+    samples = {}
+    for name in settings.tasks:
+        files = sorted(output.rglob(f"samples_{name}_*.jsonl"))
+        if files:
+            samples[name] = Evidence(str(files[-1]), files[-1].read_text())
     data = dataset_hash(_files(Path(settings.include_path))) if settings.include_path else "lm_eval's own datasets"
+    sizes = task_sizes(settings)
     try:
-        return lm_eval_scores(results[-1].read_text(), samples, settings.metric, data)
+        return lm_eval_scores(Evidence(str(results[-1]), results[-1].read_text()), samples, settings.tasks, sizes,
+                              settings.metric, data)  # fmt: skip
     except ValueError as err:
-        raise NodeError(HERE, f"{results[-1]}: {err}") from None
+        raise NodeError(HERE, str(err)) from None
+
+
+def task_sizes(settings: LmEvalSettings) -> dict[str, int]:
+    """Each configured task's size from its own data file (a task YAML in include_path with a local JSON Lines
+    test split), at most `limit`; tasks of lm_eval's own are left to its n-samples."""
+    if settings.include_path is None:
+        return {}
+    sizes: dict[str, int] = {}
+    folder = Path(settings.include_path)
+    for spec_file in sorted(folder.glob("*.yaml")):
+        spec = yaml.safe_load(spec_file.read_text())
+        if not isinstance(spec, dict) or spec.get("task") not in settings.tasks:
+            continue
+        files = (spec.get("dataset_kwargs") or {}).get("data_files")
+        split = spec.get("test_split", "test")
+        name = files.get(split) if isinstance(files, dict) else files
+        if isinstance(name, str) and name.endswith(".jsonl") and (folder / name).is_file():
+            size = count_lines((folder / name).read_text())
+            sizes[spec["task"]] = size if settings.limit is None else min(size, settings.limit)
+    return sizes
 
 
 @task(name="AISBench", cache_policy=NO_CACHE)
@@ -96,13 +123,14 @@ def run_ais_bench(
     run_dir = summaries[-1].parents[1]
     dataset_file = Path(settings.dataset_path)
     dataset = dataset_file.name.split(".")[0]  # AISBench names a custom dataset after its file
-    predictions = {p.stem: p.read_text() for p in (run_dir / "predictions").rglob("*.jsonl")}
-    failures = {k.removesuffix("_failed"): v for k, v in predictions.items() if k.endswith("_failed")}
-    expected = {dataset: sum(1 for line in dataset_file.read_text().splitlines() if line.strip())}
+    written = {p.stem: Evidence(str(p), p.read_text()) for p in (run_dir / "predictions").rglob("*.jsonl")}
+    failures = {k.removesuffix("_failed"): v for k, v in written.items() if k.endswith("_failed")}
+    predictions = {k: v for k, v in written.items() if not k.endswith("_failed")}
+    sizes = {dataset: count_lines(dataset_file.read_text())}
     version = LocalTransport(HERE).run(commands.version_command(settings.environment.path, "ais-bench-benchmark"), 60)
     data = dataset_hash({dataset_file.name: dataset_file.read_bytes()})
     try:
-        return ais_scores(summaries[-1].read_text(), predictions, failures, expected, version.check().stdout.strip(),
-                          data)  # fmt: skip
+        return ais_scores(Evidence(str(summaries[-1]), summaries[-1].read_text()), predictions, failures, sizes,
+                          version.check().stdout.strip(), data)  # fmt: skip
     except ValueError as err:
-        raise NodeError(HERE, f"{summaries[-1]}: {err}") from None
+        raise NodeError(HERE, str(err)) from None

@@ -5,15 +5,14 @@
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.bench import Baseline
-from k3deploy.errors import K3DeployError
+from k3deploy.errors import UnreadableEvidence
 from k3deploy.tasks import metrics
+from k3deploy.tasks.evidence import count, figure, load_json_object
 
 # The figures kept in the run record (others stay in the raw JSON beside it).
 FIGURES = (
@@ -27,10 +26,6 @@ FIGURES = (
 
 # Always in a result of `vllm bench serve` that served anything; the summary and the history read them.
 HEADLINE = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms")
-
-
-class UnreadableResult(K3DeployError, ValueError):
-    """The saved JSON is not a result of `vllm bench serve`; the message names the key that is missing or wrong."""
 
 
 @dataclass(frozen=True)
@@ -52,47 +47,6 @@ class BenchRun:
         return self.failed == 0 and self.completed == self.num_prompts
 
 
-def _reject_constant(name: str) -> float:
-    raise UnreadableResult(f"holds {name}, which is not a number JSON allows")
-
-
-def load_json_object(text: str, what: str) -> dict[str, Any]:
-    """A JSON object, strictly: NaN and ±Infinity (which Python's json accepts) are refused, naming `what`."""
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except UnreadableResult as err:
-        raise UnreadableResult(f"{what} {err}") from None
-    except (ValueError, RecursionError) as err:
-        raise UnreadableResult(f"{what} is not JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise UnreadableResult(f"{what} is not a JSON object")
-    return data
-
-
-def count(data: dict[str, Any], key: str, what: str) -> int:
-    """A count: an integer ≥ 0 (not a bool, not a float, not a string)."""
-    value = data.get(key)
-    if key not in data:
-        raise UnreadableResult(f"{what} lacks {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UnreadableResult(f"{what}'s {key} is {str(value)[:40]!r}, not a count")
-    return value
-
-
-def figure(data: dict[str, Any], key: str, what: str) -> float:
-    """A figure: a finite number (not a bool, not a string)."""
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnreadableResult(f"{what}'s {key} is {str(value)[:40]!r}, not a number")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float
-        raise UnreadableResult(f"{what}'s {key} is out of range ({len(str(value))} digits)") from None
-    if not math.isfinite(number):
-        raise UnreadableResult(f"{what}'s {key} is {number}, not a finite number")
-    return number
-
-
 def required_figures(workload: str, concurrency: int, baselines: Iterable[Baseline]) -> tuple[str, ...]:
     """What a run must report: the headline figures and every baseline's metric that applies to the run."""
     wanted = [b.metric for b in baselines if applies(b, workload, concurrency)]
@@ -109,11 +63,11 @@ def parse_result(text: str, workload: str, concurrency: int, required: Iterable[
     reported = "failed" in data
     failed = count(data, "failed", what) if reported else num_prompts - completed
     if failed < 0 or completed + failed > num_prompts:
-        raise UnreadableResult(f"{what} counts {completed} completed and {failed} failed of {num_prompts} prompts")
+        raise UnreadableEvidence(f"{what} counts {completed} completed and {failed} failed of {num_prompts} prompts")
     wanted = tuple(dict.fromkeys([*required]))
     absent = [k for k in wanted if data.get(k) is None]
     if absent:
-        raise UnreadableResult(f"{what} lacks {', '.join(absent)}")
+        raise UnreadableEvidence(f"{what} lacks {', '.join(absent)}")
     keys = dict.fromkeys([*FIGURES, "request_goodput", *wanted])  # request_goodput is null without --goodput
     figures = {k: figure(data, k, what) for k in keys if data.get(k) is not None}
     return BenchRun(workload, concurrency, num_prompts, completed, failed, reported, figures)

@@ -21,7 +21,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import CommandTimeout, NodeError
+from k3deploy.errors import CommandTimeout, NodeError, UnreadableEvidence
 from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_acceptance, parse_result, required_figures
 from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.render import Plan, bench_argv, bench_file
@@ -37,9 +37,8 @@ def planned_runs(cfg: DeploymentConfig) -> list[tuple[str, int]]:
     return [(w, c) for w in workloads for c in concurrencies]
 
 
-def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
-    """A run already measured in this run's folder, or None: not measured yet, or its files are damaged, and
-    then they are kept beside as `*.unreadable` with a warning naming the file and the key (run it again)."""
+def read_saved(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+    """A run already measured in this run's folder, None if not yet; UnreadableEvidence naming the damaged file."""
     path = folder / bench_file(workload, concurrency)
     spec = path.with_suffix(".spec.json")
     if not path.exists():
@@ -51,8 +50,18 @@ def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: i
         damaged = spec
         return dataclasses.replace(run, speculative=parse_acceptance(spec.read_text())) if spec.exists() else run
     except (OSError, ValueError) as err:
-        _logger().warning("%s: %s; kept as %s.unreadable and measured again", damaged, err, damaged.name)
-        for kept in (path, spec):
+        raise UnreadableEvidence(f"{damaged}: {err}") from None
+
+
+def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+    """read_saved, where damaged files are kept beside as `*.unreadable`, with a warning, and None says: run it
+    again (damage is never a measured run)."""
+    try:
+        return read_saved(cfg, folder, workload, concurrency)
+    except UnreadableEvidence as err:
+        path = folder / bench_file(workload, concurrency)
+        _logger().warning("%s; kept as *.unreadable and measured again", err)
+        for kept in (path, path.with_suffix(".spec.json")):
             if kept.exists():
                 kept.replace(kept.with_name(kept.name + ".unreadable"))
         return None

@@ -49,9 +49,10 @@ def test_lm_eval_and_ais_bench_score_the_local_dataset_with_sample_counts(prefec
         "exact_match,first-number",
         0.0,
     )
-    assert (lm["completed"], lm["failed"], lm["missing"], lm["unparsed"]) == (10, 0, 0, 10)
+    # counted against the dataset: completed + failed + missing + unparsed = its 10 lines
+    assert (lm["completed"], lm["failed"], lm["missing"], lm["unparsed"], lm["dataset_size"]) == (0, 0, 0, 10, 10)
     assert (ais["dataset"], ais["version"], ais["metric"]) == ("k3_arith", "3.1.20260630", "accuracy")
-    assert (ais["completed"], ais["failed"], ais["missing"]) == (10, 0, 0)
+    assert (ais["completed"] + ais["unparsed"], ais["failed"], ais["missing"], ais["dataset_size"]) == (10, 0, 0, 10)
     assert lm["dataset_hash"].startswith("sha256:") and ais["dataset_hash"].startswith("sha256:")
     folder = Path(stage["data"]["folder"])
     assert list((folder / "lm_eval" / "output").rglob("samples_k3_arith_*.jsonl"))  # raw output kept with the run

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from k3deploy.blocks.bench import Baseline
+from k3deploy.errors import UnreadableEvidence
 from k3deploy.tasks.bench.results import (
-    UnreadableResult,
     parse_acceptance,
     parse_result,
     required_figures,
@@ -50,7 +50,7 @@ def changed(**values: Any) -> str:
     ],
 )
 def test_a_damaged_result_is_unreadable_naming_the_key(text: str, names: str) -> None:
-    with pytest.raises(UnreadableResult, match=names.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(UnreadableEvidence, match=names.replace("[", r"\[").replace("]", r"\]")):
         parse_result(text, "random", 2)
 
 
@@ -59,7 +59,7 @@ def test_a_damaged_result_is_unreadable_naming_the_key(text: str, names: str) ->
 def test_nan_and_infinities_are_refused_wherever_they_stand(constant: str, key: str) -> None:
     text = REAL.replace(f'"{key}": ', f'"{key}": {constant}, "was_{key}": ', 1)
     assert f'"{key}": {constant}' in text  # the real file has the key
-    with pytest.raises(UnreadableResult, match=f"holds {constant}"):
+    with pytest.raises(UnreadableEvidence, match=f"holds {constant}"):
         parse_result(text, "random", 2)
 
 
@@ -68,7 +68,7 @@ def test_a_baselines_metric_is_required_of_the_runs_it_applies_to() -> None:
                  workload="prefix_repetition")]  # fmt: skip
     required = required_figures("random", 2, baselines)
     assert "p99_ttft_ms" in required and "p95_ttft_ms" not in required
-    with pytest.raises(UnreadableResult, match="lacks p99_ttft_ms"):
+    with pytest.raises(UnreadableEvidence, match="lacks p99_ttft_ms"):
         parse_result(changed(p99_ttft_ms=KeyError), "random", 2, required)
     # not asked for, vLLM may leave a percentile out (--metric-percentiles): that is no damage
     run = parse_result(changed(p99_ttft_ms=KeyError), "random", 2)
@@ -90,23 +90,25 @@ def test_the_real_result_reads_whole() -> None:
     ],
 )
 def test_damaged_acceptance_figures_are_unreadable(text: str, names: str) -> None:
-    with pytest.raises(UnreadableResult, match=names):
+    with pytest.raises(UnreadableEvidence, match=names):
         parse_acceptance(text)
 
 
-def test_a_damaged_saved_file_is_kept_aside_named_and_measured_again(tmp_path, capfd) -> None:
+def test_a_damaged_saved_file_is_named_kept_aside_and_measured_again(tmp_path) -> None:
     from k3deploy.blocks.loader import parse_config
-    from k3deploy.tasks.bench.steps import saved_run
+    from k3deploy.tasks.bench.steps import read_saved, saved_run
     from tests.configs import site_data
 
     cfg = parse_config(site_data())
     (tmp_path / "random-c2.json").write_text(REAL)
     (tmp_path / "random-c2.spec.json").write_text('{"drafts": 10, "draft_tokens": 2')  # truncated
     (tmp_path / "random-c4.json").write_text(changed(output_throughput=float("inf")))
+    with pytest.raises(UnreadableEvidence, match=f"{tmp_path}/random-c2.spec.json: the saved acceptance is not JSON"):
+        read_saved(cfg, tmp_path, "random", 2)
+    with pytest.raises(UnreadableEvidence, match=f"{tmp_path}/random-c4.json: the saved result holds Infinity"):
+        read_saved(cfg, tmp_path, "random", 4)
     assert saved_run(cfg, tmp_path, "random", 2) is None
     assert saved_run(cfg, tmp_path, "random", 4) is None
     assert (tmp_path / "random-c2.spec.json.unreadable").exists() and (tmp_path / "random-c2.json.unreadable").exists()
     assert (tmp_path / "random-c4.json.unreadable").exists() and not (tmp_path / "random-c4.json").exists()
-    said = capfd.readouterr().err
-    assert "random-c2.spec.json: the saved acceptance is not JSON" in said
-    assert "random-c4.json: the saved result holds Infinity" in said
+    assert read_saved(cfg, tmp_path, "random", 4) is None  # now not measured: the stage runs it again

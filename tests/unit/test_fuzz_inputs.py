@@ -31,11 +31,11 @@ from hypothesis import strategies as st
 from k3deploy.blocks import load_config, parse_config
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.models import DraftSpec
-from k3deploy.errors import ConfigError, HubError, K3DeployError
+from k3deploy.errors import ConfigError, HubError, K3DeployError, UnreadableEvidence
 from k3deploy.stage import Finding as StageFinding
 from k3deploy.tasks import metrics
-from k3deploy.tasks.accuracy.results import Score, UnreadableResults, ais_scores, lm_eval_scores
-from k3deploy.tasks.bench.results import BenchRun, UnreadableResult, acceptance, parse_result
+from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, lm_eval_scores
+from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.batch import SectionOutput, parse_output
@@ -430,7 +430,11 @@ JSONL = st.lists(mutated(LM_ROWS + AIS_ROWS), max_size=4).map(lambda rows: "\n".
     st.none() | st.sampled_from(["exact_match,first-number", "name"]) | st.text(max_size=8),
 )
 def test_lm_eval_scores(results: str, samples: str, metric: str | None) -> None:
-    scores = project_errors_only(lambda: lm_eval_scores(results, {"k3_arith": samples}, metric, "sha256:x"))
+    def score() -> list[Score]:
+        return lm_eval_scores(Evidence("r.json", results), {"k3_arith": Evidence("s.jsonl", samples)}, ["k3_arith"],
+                              {}, metric, "sha256:x")  # fmt: skip
+
+    scores = project_errors_only(score)
     assert scores is None or all(isinstance(s, Score) and isinstance(s.score, float) for s in scores)
 
 
@@ -438,7 +442,8 @@ def test_lm_eval_scores(results: str, samples: str, metric: str | None) -> None:
 @given(texts(ACCURACY), st.one_of(texts(ACCURACY), JSONL), st.one_of(texts(ACCURACY), JSONL))
 def test_ais_bench_scores(summary: str, predictions: str, failures: str) -> None:
     def score() -> list[Score]:
-        return ais_scores(summary, {"k3_arith": predictions}, {"k3_arith": failures}, {"k3_arith": 10}, "3.1", "x")
+        return ais_scores(Evidence("s.csv", summary), {"k3_arith": Evidence("p.jsonl", predictions)},
+                          {"k3_arith": Evidence("f.jsonl", failures)}, {"k3_arith": 10}, "3.1", "x")  # fmt: skip
 
     scores = project_errors_only(score)
     assert scores is None or all(isinstance(s, Score) and isinstance(s.score, float) for s in scores)
@@ -699,9 +704,9 @@ def test_preflight_reads_only_ascii_digits_and_tolerates_any_engine_components()
 
 def test_bench_result_with_a_figure_beyond_any_float() -> None:
     # was OverflowError: int too large to convert to float
-    with pytest.raises(UnreadableResult, match="duration is out of range"):
+    with pytest.raises(UnreadableEvidence, match="duration is out of range"):
         parse_result(json.dumps({"num_prompts": 1, "completed": 1, "duration": 10**400}), "random", 2, ["duration"])
-    with pytest.raises(UnreadableResult, match="not JSON"):  # a project error now, still a ValueError for callers
+    with pytest.raises(UnreadableEvidence, match="not JSON"):  # a project error now, still a ValueError for callers
         parse_result("", "random", 2)
 
 
@@ -711,25 +716,39 @@ def test_bench_result_with_a_figure_beyond_any_float() -> None:
         # was AttributeError: 'NoneType' object has no attribute 'items'
         ('{"results": null}', "", None, "no 'results' object"),
         # was TypeError: 'NoneType' object is not iterable
-        ('{"results": {"k3_arith": null}}', "", None, "are not an object"),
+        ('{"results": {"k3_arith": null}}', "", None, "r.json: results.k3_arith is 'None', not an object"),
         # was ValueError: could not convert string to float: 'k3_arith'
-        ('{"results": {"k3_arith": {"name": "k3_arith"}}}', "", "name", "name is 'k3_arith', not a score"),
+        (
+            '{"results": {"k3_arith": {"name": "k3_arith"}}}',
+            "",
+            "name",
+            "results.k3_arith's name is 'k3_arith', not a number",
+        ),
         # was TypeError from int()
-        ('{"results": {"k3_arith": {"a,b": 1}}, "n-samples": {"k3_arith": {"effective": []}}}', "", None, "a count"),
+        (
+            '{"results": {"k3_arith": {"a,b": 1}}, "n-samples": {"k3_arith": {"effective": []}}}',
+            "",
+            None,
+            "not a count",
+        ),
         # was json.JSONDecodeError, naming neither the file nor the line
-        ('{"results": {"k3_arith": {"a,b": 0.5}}}', "{", None, "samples of k3_arith, line 1, is not JSON"),
+        ('{"results": {"k3_arith": {"a,b": 0.5}}}', "{", None, "s.jsonl: line 1 is not JSON"),
     ],
 )
 def test_lm_eval_results_that_are_not_lm_evals(results: str, samples: str, metric: str | None, problem: str) -> None:
-    with pytest.raises(UnreadableResults, match=re.escape(problem)):
-        lm_eval_scores(results, {"k3_arith": samples}, metric, "sha256:x")
+    with pytest.raises(UnreadableEvidence, match=re.escape(problem)):
+        lm_eval_scores(Evidence("r.json", results), {"k3_arith": Evidence("s.jsonl", samples)}, ["k3_arith"], {},
+                       metric, "sha256:x")  # fmt: skip
 
 
-def test_lm_eval_n_samples_of_another_shape_count_the_samples_read() -> None:
+def test_lm_eval_n_samples_of_another_shape_is_no_count_unless_the_dataset_gives_one() -> None:
     # was AttributeError: 'int' object has no attribute 'get'
-    results = '{"results": {"k3_arith": {"a,b": 0.5}}, "n-samples": {"k3_arith": 1}}'
-    [score] = lm_eval_scores(results, {"k3_arith": '{"resps": [["4"]]}'}, None, "sha256:x")
-    assert (score.score, score.completed, score.missing) == (0.5, 1, 0)
+    results = Evidence("r.json", '{"results": {"k3_arith": {"a,b": 0.5}}, "n-samples": {"k3_arith": 1}}')
+    samples = {"k3_arith": Evidence("s.jsonl", '{"doc_id": 0, "resps": [["4"]], "filtered_resps": ["4"]}')}
+    with pytest.raises(UnreadableEvidence, match=re.escape("n-samples.k3_arith.effective is 'None', not a count")):
+        lm_eval_scores(results, samples, ["k3_arith"], {}, None, "sha256:x")
+    [score] = lm_eval_scores(results, samples, ["k3_arith"], {"k3_arith": 3}, None, "sha256:x")
+    assert (score.score, score.completed, score.missing, score.dataset_size) == (0.5, 1, 2, 3)
 
 
 @pytest.mark.parametrize(
@@ -741,8 +760,8 @@ def test_lm_eval_n_samples_of_another_shape_count_the_samples_read() -> None:
     ],
 )
 def test_ais_bench_summary_that_is_not_a_table(summary: str, problem: str) -> None:
-    with pytest.raises(UnreadableResults, match=re.escape(problem)):
-        ais_scores(summary, {}, {}, {}, "3.1", "x")
+    with pytest.raises(UnreadableEvidence, match=re.escape(problem)):
+        ais_scores(Evidence("s.csv", summary), {}, {}, {}, "3.1", "x")
 
 
 def test_process_labels_that_are_not_an_object() -> None:
