@@ -296,17 +296,19 @@ def teardown(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
 
 @app.command()
 def runs(runs_dir: RunsDir = None) -> None:
-    """List the recorded runs, newest first."""
+    """List the recorded runs, newest first, then one line for each record that cannot be read (exit 0)."""
     from k3deploy.cli_output import runs_table
-    from k3deploy.record import list_records
     from k3deploy.record import runs_dir as store
+    from k3deploy.record import scan_records
 
     _set_runs_dir(runs_dir)
-    records = list_records()
-    if not records:
+    scan = scan_records()
+    if scan.records:
+        out.print(runs_table(scan.records))
+    elif not scan.unreadable:
         out.print(f"no recorded runs in {store()}/")
-        return
-    out.print(runs_table(records))
+    for unreadable in scan.unreadable:
+        out.print(f"unreadable: {unreadable}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -325,7 +327,7 @@ def report(
     """Show a run's record as a summary; --compare gives PASS / REGRESSED / INCONCLUSIVE per figure.
 
     --compare also writes the run's report.html, report.md and comparison.json again; it exits 1 when a
-    figure REGRESSED.
+    figure REGRESSED or is MISSING. A record that cannot be read is one line naming it, exit 1.
     """
     from k3deploy.cli_output import print_comparison, print_record
     from k3deploy.record import read_record
@@ -348,7 +350,7 @@ def report(
     else:
         print_comparison(out, comparison)
         out.print(f"report: {(store() / record.run_id / REPORT_HTML).resolve()}")
-    if comparison.verdict is Verdict.REGRESSED:
+    if comparison.verdict in (Verdict.REGRESSED, Verdict.MISSING):
         raise typer.Exit(1)
 
 

@@ -93,7 +93,7 @@ def print_record(console: Console, record: RunRecord) -> None:
         console.print(f"host key {node}: {key}")
 
 
-COMPARISON_STYLES = {"PASS": "green", "REGRESSED": "bold red", "INCONCLUSIVE": "yellow"}
+COMPARISON_STYLES = {"PASS": "green", "REGRESSED": "bold red", "MISSING": "bold red", "INCONCLUSIVE": "yellow"}
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
@@ -105,8 +105,13 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     )
     table = Table("figure", "value", "verdict", "why")
     for m in comparison.metrics:
-        table.add_row(m.key, f"{m.value:.4g}", f"[{COMPARISON_STYLES[m.verdict.value]}]{m.verdict.value}[/]", m.reason)
+        value = "missing" if m.value is None else f"{m.value:.4g}"
+        table.add_row(m.key, value, f"[{COMPARISON_STYLES[m.verdict.value]}]{m.verdict.value}[/]", m.reason)
     console.print(table)
+    for unreadable in comparison.unreadable:
+        console.print(
+            f"left out of the history, unreadable: {unreadable}", markup=False, highlight=False, soft_wrap=True
+        )
     if comparison.changes:
         console.print(f"changed since the last pass ({comparison.last_pass}):")
         for change in comparison.changes:

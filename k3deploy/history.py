@@ -18,7 +18,7 @@ from typing import Any
 
 from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
-from k3deploy.tasks.bench.results import BenchRun, higher_is_better
+from k3deploy.tasks.bench.results import HEADLINE, BenchRun, higher_is_better
 from k3deploy.tasks.bench.results import compare as bench_compare
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
@@ -54,6 +54,7 @@ IGNORED_KEYS = ("cluster.ssh", "image.registry", "models.hub_token")  # credenti
 class Verdict(StrEnum):
     PASS = "PASS"
     REGRESSED = "REGRESSED"
+    MISSING = "MISSING"  # history or a baseline has the figure, the run does not: never a pass
     INCONCLUSIVE = "INCONCLUSIVE"
 
 
@@ -67,7 +68,7 @@ class Figure:
 @dataclass(frozen=True)
 class MetricVerdict:
     key: str
-    value: float
+    value: float | None  # None: MISSING
     verdict: Verdict
     reason: str
     median: float | None = None
@@ -85,6 +86,7 @@ class Comparison:
     history_runs: list[str]  # the earlier passing runs judged against, oldest first
     changes: list[str] = field(default_factory=list)  # provenance changed since the last pass
     last_pass: str | None = None
+    unreadable: list[str] = field(default_factory=list)  # records of the store left out: "path: why"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +96,7 @@ class Comparison:
             "history_runs": self.history_runs,
             "last_pass": self.last_pass,
             "changes": self.changes,
+            "unreadable": self.unreadable,
             "metrics": [m.__dict__ | {"verdict": m.verdict.value, "history": list(m.history)} for m in self.metrics],
         }
 
@@ -209,14 +212,39 @@ def comparable(record: RunRecord, candidates: Iterable[RunRecord], last: int) ->
     return sorted(earlier, key=lambda r: r.started_at)[-last:] if last > 0 else []
 
 
+def headline_keys(record: RunRecord) -> set[str]:
+    """The judged figures every recorded bench cell reports (tasks/bench/results.HEADLINE): absent is damage."""
+    bench = record.stage("bench")
+    cells = [(run.get("workload"), run.get("concurrency")) for run in (bench.data.get("runs", []) if bench else [])]
+    return {f"bench {w} c{c} {m}" for w, c in cells for m in BENCH_METRICS if m in HEADLINE}
+
+
+def missing(record: RunRecord, expected: dict[str, str]) -> list[MetricVerdict]:
+    """A MISSING verdict for each expected figure (key → who has it) the run lacks."""
+    have = figures(record)
+    return [
+        MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; {who} has it")
+        for key, who in sorted(expected.items())
+        if key not in have
+    ]
+
+
 def compare(
-    record: RunRecord, candidates: Iterable[RunRecord], last: int = 10, baseline: RunRecord | None = None
+    record: RunRecord,
+    candidates: Iterable[RunRecord],
+    last: int = 10,
+    baseline: RunRecord | None = None,
+    unreadable: Sequence[str] = (),
 ) -> Comparison:
-    """The run's figures against the config's baselines, an optional baseline run and its history."""
+    """The run's figures against the config's baselines, an optional baseline run and its history; a figure
+    those have and the run lacks is MISSING."""
     history = comparable(record, candidates, last)
     series = [figures(r) for r in history]
     base_figures = figures(baseline) if baseline is not None else {}
-    verdicts: list[MetricVerdict] = []
+    expected = {key: "every bench cell" for key in headline_keys(record)}
+    expected |= {key: f"{sum(key in s for s in series)} earlier passing run(s)" for s in series for key in s}
+    expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures if baseline is not None}
+    verdicts: list[MetricVerdict] = missing(record, expected)
     for key, figure in sorted(figures(record).items()):
         verdicts.append(judge(figure, [s[key].value for s in series if key in s]))
         if key in base_figures:
@@ -228,10 +256,9 @@ def compare(
                 judge_baseline(figure, base_figures[key].value, factor, f"baseline run {baseline.run_id[:8]}")  # type: ignore[union-attr]
             )
     verdicts += _config_baselines(record)
-    overall = Verdict.PASS
-    if any(v.verdict is Verdict.REGRESSED for v in verdicts):
-        overall = Verdict.REGRESSED
-    elif any(v.verdict is Verdict.INCONCLUSIVE for v in verdicts) or not verdicts:
+    found = {v.verdict for v in verdicts}
+    overall = next((v for v in (Verdict.REGRESSED, Verdict.MISSING, Verdict.INCONCLUSIVE) if v in found), Verdict.PASS)
+    if not verdicts:
         overall = Verdict.INCONCLUSIVE
     last_pass = history[-1] if history else None
     changes = changes_between(last_pass, record) if last_pass is not None else []
@@ -245,6 +272,7 @@ def compare(
         history_runs=[r.run_id for r in history],
         changes=changes,
         last_pass=last_pass.run_id if last_pass else None,
+        unreadable=list(unreadable),
     )
 
 
@@ -256,7 +284,10 @@ def _config_baselines(record: RunRecord) -> list[MetricVerdict]:
     for run in bench.data.get("runs", []) if bench and baselines else []:
         for c in bench_compare(BenchRun(**run), baselines):
             key = f"bench {run['workload']} c{run['concurrency']} {c.metric}"
-            seen = "missing" if c.value is None else f"{c.value:.4g}"
-            why = f"{seen} {'meets' if c.ok else 'misses'} bench.baselines: {c.rule}"
-            out.append(MetricVerdict(key, c.value or 0.0, Verdict.PASS if c.ok else Verdict.REGRESSED, why))
+            if c.value is None:
+                out.append(MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; bench.baselines "
+                                                                     f"has it: {c.rule}"))  # fmt: skip
+                continue
+            why = f"{c.value:.4g} {'meets' if c.ok else 'misses'} bench.baselines: {c.rule}"
+            out.append(MetricVerdict(key, c.value, Verdict.PASS if c.ok else Verdict.REGRESSED, why))
     return out

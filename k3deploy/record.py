@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictInt, StrictStr, ValidationError
 
 from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.errors import K3DeployError, UnreadableEvidence
 from k3deploy.stage import StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
@@ -75,6 +77,118 @@ class RunRecord(BaseModel):
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
+
+
+# -- the evidence inside a record, read back strictly (history and the report judge by it) ---------------------
+
+Count = Annotated[StrictInt, Field(ge=0)]
+FiniteFigure = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class _Evidence(BaseModel):
+    model_config = ConfigDict(extra="allow")  # further keys are kept, never judged
+
+
+class RecordedRun(_Evidence):
+    """A bench cell as the bench stage records it (tasks/bench/results.BenchRun)."""
+
+    workload: StrictStr
+    concurrency: Annotated[StrictInt, Field(ge=1)]
+    num_prompts: Count
+    completed: Count
+    failed: Count
+    failed_reported: StrictBool
+    figures: dict[str, FiniteFigure]
+
+
+class RecordedScore(_Evidence):
+    """A score as the accuracy stage records it (tasks/accuracy/results.Score)."""
+
+    evaluator: StrictStr
+    version: StrictStr
+    dataset: StrictStr
+    metric: StrictStr
+    score: FiniteFigure
+    completed: Count
+    failed: Count
+    missing: Count
+    unparsed: Count
+
+
+class BenchEvidence(_Evidence):
+    runs: list[RecordedRun] = Field(default_factory=list)
+
+
+class AccuracyEvidence(_Evidence):
+    scores: list[RecordedScore] = Field(default_factory=list)
+
+
+EVIDENCE: dict[str, type[_Evidence]] = {"bench": BenchEvidence, "accuracy": AccuracyEvidence}
+
+
+class UnreadableRecord(UnreadableEvidence):
+    """A record the runs store holds but cannot be read: the message is its path and one line of why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _first_problem(err: ValidationError, prefix: str = "") -> str:
+    problems = err.errors()
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"])
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{prefix}{where}: {first['msg']}{more}"
+
+
+def load_record(path: Path) -> RunRecord:
+    """One record file, with its bench and accuracy evidence checked; UnreadableRecord saying why in one line."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UnreadableRecord(path, f"cannot be read: {err}") from None
+    if not text.strip():
+        raise UnreadableRecord(path, "empty")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise UnreadableRecord(path, f"not JSON (cut short?): {err}") from None
+    if not isinstance(data, dict):
+        raise UnreadableRecord(path, "not a run record (not a JSON object)")
+    schema = data.get("schema_version")
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        raise UnreadableRecord(path, f"written by a newer k3deploy (schema {schema}; this one reads {SCHEMA_VERSION})")
+    try:
+        record = RunRecord.model_validate(data)
+    except ValidationError as err:
+        raise UnreadableRecord(path, _first_problem(err)) from None
+    for stage in record.stages:
+        model = EVIDENCE.get(stage.stage)
+        if model is not None:
+            try:
+                model.model_validate(stage.data)
+            except ValidationError as err:
+                raise UnreadableRecord(path, _first_problem(err, f"stages.{stage.stage}.data.")) from None
+    return record
+
+
+@dataclass(frozen=True)
+class RecordScan:
+    """The runs store: every record read (newest first) and every one that could not be, with why."""
+
+    records: list[RunRecord]
+    unreadable: list[UnreadableRecord]
+
+
+def scan_records(root: Path | None = None) -> RecordScan:
+    records, unreadable = [], []
+    for path in sorted((root or runs_dir()).glob(f"*/{RECORD_NAME}")):
+        try:
+            records.append(load_record(path))
+        except UnreadableRecord as err:
+            unreadable.append(err)
+    return RecordScan(sorted(records, key=lambda r: r.started_at, reverse=True), unreadable)
 
 
 def public_config(cfg: DeploymentConfig) -> dict[str, Any]:
@@ -142,27 +256,14 @@ def write_record(record: RunRecord, root: Path | None = None) -> Path:
 
 
 def read_record(run: str, root: Path | None = None) -> RunRecord:
-    """A recorded run by its id, or by a unique prefix of it."""
-    from k3deploy.errors import K3DeployError
-
+    """A recorded run by its id, or by a unique prefix of it; UnreadableRecord when its file is damaged."""
     base = root or runs_dir()
     matches = sorted(p for p in base.glob(f"{run}*/{RECORD_NAME}")) if run else []
     if not matches:
         raise K3DeployError(f"no recorded run {run!r} in {base}/ (see `k3deploy runs`)")
     if len(matches) > 1:
         raise K3DeployError(f"{run!r} matches {len(matches)} runs in {base}/; give more of the run id")
-    return RunRecord.model_validate_json(matches[0].read_text())
-
-
-def list_records(root: Path | None = None) -> list[RunRecord]:
-    """Every readable record in the runs store, newest first."""
-    out = []
-    for path in (root or runs_dir()).glob(f"*/{RECORD_NAME}"):
-        try:
-            out.append(RunRecord.model_validate_json(path.read_text()))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda r: r.started_at, reverse=True)
+    return load_record(matches[0])
 
 
 def json_schema() -> dict[str, Any]:

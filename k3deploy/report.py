@@ -23,6 +23,7 @@ VERDICT_COLOURS = {
     "not-applicable": "#7f7f7f",
     "PASS": "#2ca02c",
     "REGRESSED": "#d62728",
+    "MISSING": "#d62728",
     "INCONCLUSIVE": "#ff7f0e",
 }
 W, H, PAD = 520, 280, 52
@@ -80,7 +81,12 @@ def accuracy_rows(record: RunRecord) -> list[dict[str, str]]:
 
 def comparison_rows(comparison: Comparison | None) -> list[dict[str, str]]:
     return [
-        {"figure": m.key, "value": _fmt(m.value), "verdict": m.verdict.value, "why": m.reason}
+        {
+            "figure": m.key,
+            "value": "missing" if m.value is None else _fmt(m.value),
+            "verdict": m.verdict.value,
+            "why": m.reason,
+        }
         for m in (comparison.metrics if comparison else [])
     ]
 
@@ -104,7 +110,8 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
             f"{len(comparison.history_runs)} earlier passing run(s) of this config family.",
             "",
         ]
-        lines += [f"- changed since the last pass: {c}" for c in comparison.changes[:20]] + [""]
+        lines += [f"- changed since the last pass: {c}" for c in comparison.changes[:20]]
+        lines += [f"- left out of the history, unreadable: {u}" for u in comparison.unreadable] + [""]
     lines += ["## Stages", "", *_md_table(stage_rows(record)), "", "## Bench", "", *_md_table(bench_rows(record))]
     lines += ["", "## Accuracy", "", *_md_table(accuracy_rows(record))]
     if comparison is not None:
@@ -211,7 +218,7 @@ def history_charts(record: RunRecord, comparison: Comparison, history: Sequence[
     series = [(r.run_id, figures(r)) for r in ordered]  # once per run, not once per metric
     judged = (*BENCH_METRICS, *_accuracy_metrics(record))
     for m in comparison.metrics:
-        if m.median is None or m.key.split(" ")[-1] not in judged:
+        if m.median is None or m.value is None or m.key.split(" ")[-1] not in judged:
             continue
         values = [(float(i), fig[m.key].value) for i, (_, fig) in enumerate(series) if m.key in fig]
         values.append((float(len(ordered)), m.value))
@@ -271,6 +278,9 @@ def html_page(
         if comparison.changes:
             items = "".join(f"<li>{_e(c)}</li>" for c in comparison.changes[:30])
             parts.append(f"<p>Changed since the last pass ({_e(comparison.last_pass)}):</p><ul>{items}</ul>")
+        if comparison.unreadable:
+            items = "".join(f"<li>{_e(u)}</li>" for u in comparison.unreadable)
+            parts.append(f"<p>Left out of the history, unreadable:</p><ul>{items}</ul>")
     parts += ["<h2>Stages</h2>", _html_table(stage_rows(record))]
     parts += ["<h2>Bench</h2>", _html_table(bench_rows(record))]
     charts = concurrency_charts(record)

@@ -16,7 +16,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.errors import K3DeployError
 from k3deploy.history import Comparison, compare
-from k3deploy.record import RECORD_NAME, RunRecord, list_records, read_record, runs_dir
+from k3deploy.record import RECORD_NAME, RunRecord, read_record, runs_dir, scan_records
 from k3deploy.report import html_page, markdown
 
 HISTORY_RUNS = 10
@@ -27,9 +27,10 @@ def render_report(
     record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None
 ) -> tuple[Comparison, dict[str, str], str, str]:
     """The comparison with history (and a baseline run), the links, the Markdown and the HTML."""
-    candidates = list_records(root)
+    scan = scan_records(root)
+    candidates = scan.records
     baseline = read_record(baseline_run, root) if baseline_run else None
-    comparison = compare(record, candidates, last, baseline)
+    comparison = compare(record, candidates, last, baseline, [str(u) for u in scan.unreadable])
     folder = (root / record.run_id).resolve()
     links = {
         "HTML report": (folder / REPORT_HTML).as_uri(),
@@ -68,4 +69,6 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
         links["HTML report"], link_text=f"report of run {record.run_name or record.run_id}", key="validate-report-html"
     )
     logger.info("regression verdict %s over %d earlier runs", comparison.verdict.value, len(comparison.history_runs))
+    for unreadable in comparison.unreadable:
+        logger.warning("history leaves out an unreadable record: %s", unreadable)
     return {"report": links["HTML report"], "comparison": comparison.verdict.value}

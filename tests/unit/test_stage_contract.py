@@ -12,7 +12,7 @@ from k3deploy.agreement import majority, split
 from k3deploy.blocks import parse_config
 from k3deploy.errors import LaunchStageFailed, StageFailed
 from k3deploy.flows.registry import STAGES, select, stage
-from k3deploy.record import SCHEMA_PATH, RunRecord, build_record, json_schema, list_records, read_record, write_record
+from k3deploy.record import SCHEMA_PATH, RunRecord, build_record, json_schema, read_record, scan_records, write_record
 from k3deploy.stage import Finding, StageResult, Verdict
 from k3deploy.tasks.models.checks import differing_nodes
 from k3deploy.tasks.models.node_agent import Manifest
@@ -132,6 +132,10 @@ def test_runs_are_listed_newest_first_and_an_ambiguous_prefix_is_refused(tmp_pat
     write_record(record("aa-2", Verdict.PASS, start + timedelta(hours=1)), tmp_path)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "record.json").write_text("{not json")
-    assert [r.run_id for r in list_records(tmp_path)] == ["aa-2", "aa-1"]
+    scan = scan_records(tmp_path)
+    assert [r.run_id for r in scan.records] == ["aa-2", "aa-1"]
+    assert [str(u) for u in scan.unreadable] == [f"{tmp_path}/broken/record.json: not JSON (cut short?): "
+                                                 "Expecting property name enclosed in double quotes: line 1 column 2 "
+                                                 "(char 1)"]  # fmt: skip
     with pytest.raises(Exception, match="'aa' matches 2 runs"):
         read_record("aa", tmp_path)
