@@ -87,15 +87,13 @@ def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool, full
     listings = {c.role: list_checkpoint(cfg.models, c) for c in wanted}
     stats = {c.role: stat_checkpoint(cfg.cluster, cfg.models, c, listings[c.role], nodes) for c in wanted}
     verify = verify_checkpoint.with_options(refresh_cache=True) if full else verify_checkpoint
-    outcomes = {
-        c.role: CheckpointOutcome(
-            c.role,
-            c.path,
-            listings[c.role],
-            verify(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role], full),
+    outcomes = {}
+    for c in wanted:
+        # return_state: a cache hit is the earlier run's verification, and the record must say so.
+        state = verify(cfg.cluster, cfg.models, c, listings[c.role], stats[c.role], full, return_state=True)
+        outcomes[c.role] = CheckpointOutcome(
+            c.role, c.path, listings[c.role], state.result(), reused=state.name == "Cached"
         )
-        for c in wanted
-    }
     to_fetch = {role: files_to_fetch(o.verified) for role, o in outcomes.items()}
     if download and any(paths for per_node in to_fetch.values() for paths in per_node.values()):
         short = space_shortfalls(stats)

@@ -50,6 +50,7 @@ class CheckpointOutcome:
     verified: dict[str, NodeReport]
     fetched: dict[str, NodeReport] = field(default_factory=dict)
     unseen: dict[str, str] = field(default_factory=dict)  # shared storage: nodes that do not see node 0's files
+    reused: bool = False  # the verification came from the task cache: an earlier run's, nothing hashed now
 
     @property
     def final(self) -> dict[str, NodeReport]:
@@ -134,10 +135,11 @@ class CheckpointOutcome:
             {
                 "checkpoint": self.role,
                 "node": node,
-                "hashed files": len(self.verified[node].hashed),
+                "verified by": "an earlier run (cache hit: sizes and mtimes unchanged)" if self.reused else "this run",
+                "hashed files": 0 if self.reused else len(self.verified[node].hashed),
                 "downloaded files": sum(c.ok for c in self.fetched[node].checks) if node in self.fetched else 0,
                 "bad files": len(report.bad),
-                "verify s": report.manifest.verify_seconds if report.manifest else None,
+                "verify s": None if self.reused or not report.manifest else report.manifest.verify_seconds,
                 "free GB": round(report.free_bytes / 1e9, 1),
             }
             for node, report in self.final.items()
@@ -176,6 +178,9 @@ class ModelsOutcome:
                 f"{c.listing.total_bytes / 1e9:.2f} GB at `{c.path}`"
             )
             lines += [f"{node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
+            if c.reused:
+                lines.append(f"**{c.role}**: verified by an earlier run (a cache hit: every file's size and mtime are "
+                             "unchanged since); this run hashed none")  # fmt: skip
         return lines
 
     def problem_findings(self) -> list[Finding]:

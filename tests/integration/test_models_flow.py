@@ -129,11 +129,15 @@ def test_fresh_download_verifies_on_every_node_and_a_rerun_skips_verified_work(
     hub.clear_requests()
     again = run_models(tmp_path, testbed, hub, repo)  # the manifests vouch for what the download verified
     assert {row["hashed files"] for row in again["checkpoints"][0]["nodes"]} == {0}
+    assert {row["verified by"] for row in again["checkpoints"][0]["nodes"]} == {"this run"}  # it ran, vouched
     config = bed_config(testbed, models__hub="huggingface", models__hub_endpoint=hub.url, models__target={"repo": repo})
     state = models(config=write_config(tmp_path / "third.yaml", config), return_state=True)
     assert state.is_completed() and file_gets(hub, repo) == []
     states = task_states(state)
     assert states["verify checkpoint"] == "Cached"  # same sizes and mtimes on the same nodes: not even run
+    rows = state.result().data["checkpoints"][0]["nodes"]  # and the record says whose verification it is
+    assert {r["verified by"] for r in rows} == {"an earlier run (cache hit: sizes and mtimes unchanged)"}
+    assert {r["hashed files"] for r in rows} == {0} and {r["verify s"] for r in rows} == {None}
     assert "fetch checkpoint" not in states
 
 
