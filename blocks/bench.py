@@ -26,6 +26,45 @@ class Baseline(BaseModel):
     concurrency: int | None = Field(default=None, ge=1, description="Only the run at this concurrency (default all).")
 
 
+class Slo(BaseModel):
+    """Service-level objectives in ms; vLLM counts a request toward `request_goodput` when it meets all set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float | None = Field(default=None, gt=0, description="Time to first token, at most.")
+    tpot_ms: float | None = Field(default=None, gt=0, description="Time per output token, at most.")
+    e2el_ms: float | None = Field(default=None, gt=0, description="End-to-end latency, at most.")
+
+    def goodput_args(self) -> list[str]:
+        """vllm bench serve's `--goodput ttft:500 tpot:50` (KEY:VALUE, ms), or nothing when none is set."""
+        pairs = [f"{key}:{value:g}" for key, value in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms),
+                                                        ("e2el", self.e2el_ms)) if value is not None]  # fmt: skip
+        return ["--goodput", *pairs] if pairs else []
+
+
+class Validity(BaseModel):
+    """When a bench cell measures what it claims to; an invalid cell never passes the stage or enters history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cold_max_hit_rate: float = Field(
+        default=0.1, ge=0, le=1, description="The cold workload (random) is invalid above this prefix-cache hit rate."
+    )
+    prefix_min_hit_rate: float = Field(
+        default=0.25, ge=0, le=1, description="The prefix-hit workload is invalid below this prefix-cache hit rate."
+    )
+    min_concurrency_ratio: float = Field(
+        default=0.5, gt=0, le=1,
+        description="Achieved concurrency (sum of request latencies / duration) below this × the requested one "
+        "(capped at num_prompts) is client or server saturation: invalid.",
+    )  # fmt: skip
+    tail_min_requests: int = Field(
+        default=100, ge=1,
+        description="A p99 from fewer completed requests is the maximum, not a tail: flagged; judged by a baseline, "
+        "the cell is invalid.",
+    )  # fmt: skip
+
+
 class BenchConfig(StrictBlock):
     """Load test run against node 0 once the service is ready."""
 
@@ -54,6 +93,16 @@ class BenchConfig(StrictBlock):
         description="Further --max-concurrency values to run; runs already saved in the run's folder are not repeated.",
     )
     timeout_s: float = Field(default=3600, gt=0, description="Each vllm bench run must end within this.")
+    repeats: int = Field(
+        default=1, ge=1, le=20, description="Runs of each cell; figures are their medians, with spread."
+    )
+    slo: Slo = Field(default_factory=Slo, description="SLOs for vLLM's --goodput; request_goodput is then judged.")
+    validity: Validity = Field(default_factory=Validity, description="When a cell counts as VALID: the bench.validity.* keys.")
+    reset_prefix_cache: bool = Field(
+        default=False,
+        description="POST /reset_prefix_cache before each cell, so none is served from an earlier cell's cache "
+        "(vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in serve.env).",
+    )
     baselines: list[Baseline] = Field(default_factory=list, description="Figures each run is compared with.")
     extra_args: list[Arg] = Field(default_factory=list, description="Further flags, appended as given.")
 

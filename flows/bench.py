@@ -1,9 +1,12 @@
 """The bench stage: `vllm bench serve` (seed section 8) for the cold and prefix-hit workloads, at each concurrency.
 
-Every request must succeed; each figure is compared with its baseline. Runs already measured in
-this run's folder are not repeated (a sweep or a Retry resumes). The runs go on under a watch of
-every rank: one that dies, logs a fatal line or gets stuck stops the tool and fails the stage within
-seconds, naming node and DP rank (tasks/launch/liveness.py).
+Each cell (workload × concurrency) runs `bench.repeats` times and is VALID only when every request
+succeeded, the prefix cache was as the workload means it (from /metrics around each run) and the
+concurrency asked for was reached (tasks/bench/cells.py); its figures are medians with their spread,
+compared with their baselines. Runs already measured in this run's folder are not repeated (a sweep
+or a Retry resumes). The runs go on under a watch of every rank: one that dies, logs a fatal line or
+gets stuck stops the tool and fails the stage within seconds, naming node and DP rank
+(tasks/launch/liveness.py).
 """
 
 import threading
@@ -16,8 +19,9 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
 from k3deploy.record import runs_dir
 from k3deploy.stage import Finding, StageResult
+from k3deploy.tasks.bench.cells import Cell, cell, summary
 from k3deploy.tasks.bench.results import BenchRun, compare
-from k3deploy.tasks.bench.steps import planned_runs, run_bench, saved_run
+from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
 from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun
@@ -33,46 +37,59 @@ def bench(config: ConfigSource) -> StageResult:
     rows: list[dict[str, Any]] = []
     runs: list[BenchRun] = []
 
+    cells: list[Cell] = []
+
     def measure(stop: threading.Event) -> None:
         for workload, concurrency in planned_runs(cfg):
-            done = saved_run(cfg, folder, workload, concurrency)
-            resumed = done is not None
-            if done is None:
-                done = run_bench(cfg, plan, workload, concurrency, folder, stop)
-            runs.append(done)
+            done: list[BenchRun] = []
+            resumed = 0
+            for repeat in range(1, cfg.bench.repeats + 1):
+                found = saved_run(cfg, folder, workload, concurrency, repeat)
+                resumed += found is not None
+                if found is None:
+                    if cfg.bench.reset_prefix_cache:
+                        reset_prefix_cache(cfg)
+                    found = run_bench(cfg, plan, workload, concurrency, folder, stop, repeat)
+                done.append(found)
+            runs.extend(done)
+            judged = cell(done, cfg.bench.validity, cfg.serve.enable_prefix_caching, cfg.bench.baselines)
+            cells.append(judged)
             subject = f"{workload} c{concurrency}"
-            run.findings.append(
-                Finding(subject, "every request served", done.ok,
-                        f"{done.completed}/{done.num_prompts} completed, {done.failed} failed"
-                        + ("" if done.failed_reported else " (num_prompts − completed: this vLLM reports no failed)"))
-            )  # fmt: skip
-            comparisons = compare(done, cfg.bench.baselines)
+            run.findings.append(Finding(subject, "valid cell", judged.valid, summary(judged)))
+            comparisons = compare(workload, concurrency, judged.figures, cfg.bench.baselines)
             for c in comparisons:
                 seen = "missing" if c.value is None else f"{c.value:g}"
                 run.findings.append(Finding(subject, f"{c.metric} vs baseline", c.ok, f"{seen} {c.rule}"))
-            figures = done.figures
+            figures = judged.figures
             rows.append(
                 {
                     "workload": workload,
                     "concurrency": concurrency,
-                    "completed": done.completed,
-                    "failed": done.failed,
-                    "output tok/s": figures.get("output_throughput"),
-                    "mean TTFT ms": figures.get("mean_ttft_ms"),
-                    "mean TPOT ms": figures.get("mean_tpot_ms"),
+                    "valid": "VALID" if judged.valid else "INVALID",
+                    "runs": judged.repeats,
+                    "completed": f"{judged.completed}/{judged.num_prompts}",
+                    "prefix hit rate": None if judged.hit_rate is None else round(judged.hit_rate, 4),
+                    "achieved concurrency": judged.achieved_concurrency,
+                    "output tok/s": _with_spread(judged, "output_throughput"),
+                    "mean TTFT ms": _with_spread(judged, "mean_ttft_ms"),
+                    "mean TPOT ms": _with_spread(judged, "mean_tpot_ms"),
                     "p99 E2EL ms": figures.get("p99_e2el_ms"),
-                    "acceptance": (done.speculative or {}).get("acceptance_rate"),
+                    "goodput req/s": figures.get("request_goodput"),
+                    "acceptance": (done[0].speculative or {}).get("acceptance_rate"),
                     "baselines": "; ".join(f"{c.metric} {'ok' if c.ok else 'MISSED'}" for c in comparisons) or "-",
-                    "resumed": resumed,
+                    "why": "; ".join(judged.reasons + judged.flags) or "-",
+                    "resumed": f"{resumed}/{judged.repeats}",
                 }
             )
 
     with run.guard(), watching(cfg, "bench") as watch:
         watch.run(measure, watch.stop)
-    run.table("runs", rows, "vllm bench serve runs on node 0 (cold: random; prefix hits: prefix_repetition)")
+    run.table("runs", rows, "vllm bench serve cells on node 0 (cold: random; prefix hits: prefix_repetition): "
+                            "medians of their runs (min–max)")  # fmt: skip
     run.data = {
         "folder": str(folder),
         "runs": [asdict(r) for r in runs],
+        "cells": [asdict(c) for c in cells],
         "settings": {
             "checkpoint_revision": cfg.models.target.revision,
             "topology": {
@@ -85,12 +102,24 @@ def bench(config: ConfigSource) -> StageResult:
             "prefix_caching": cfg.serve.enable_prefix_caching,
             "input_len": cfg.bench.random_input_len,
             "output_len": cfg.bench.random_output_len,
+            "repeats": cfg.bench.repeats,
+            "slo": cfg.bench.slo.model_dump(),
+            "reset_prefix_cache": cfg.bench.reset_prefix_cache,
             "draft": None if cfg.models.draft is None else cfg.models.draft.repo,
         },
     }
     run.note(f"raw output and saved JSON of every run: `{folder}`")
-    served, cold = sum(r.completed for r in runs), runs[0].figures
+    served, first = sum(r.completed for r in runs), cells[0]
     return run.passed(
-        f"{len(runs)} runs, {served} requests, none failed; {runs[0].workload} c{runs[0].concurrency}: "
-        f"{cold.get('output_throughput', 0):.0f} output tok/s, mean TTFT {cold.get('mean_ttft_ms', 0):.0f} ms"
+        f"{len(cells)} valid cells ({len(runs)} runs, {served} requests, none failed); {first.workload} "
+        f"c{first.concurrency}: {first.figures['output_throughput']:.0f} output tok/s, mean TTFT "
+        f"{first.figures['mean_ttft_ms']:.0f} ms"
     )
+
+
+def _with_spread(c: Cell, metric: str) -> str | None:
+    """'median (min–max)' over a cell's runs; the median alone for one run."""
+    if metric not in c.figures:
+        return None
+    low, high = c.spread[metric]
+    return f"{c.figures[metric]:.4g}" + (f" ({low:.4g}–{high:.4g})" if c.repeats > 1 else "")

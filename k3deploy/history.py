@@ -18,7 +18,7 @@ from typing import Any
 
 from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
-from k3deploy.tasks.bench.results import HEADLINE, BenchRun, higher_is_better
+from k3deploy.tasks.bench.results import HEADLINE, higher_is_better
 from k3deploy.tasks.bench.results import compare as bench_compare
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
@@ -35,6 +35,7 @@ BENCH_METRICS = (
     "mean_ttft_ms",
     "mean_tpot_ms",
     "mean_e2el_ms",
+    "request_goodput",  # with bench.slo only
 )
 # What defines "the same deployment" across runs; everything else a regression may be blamed on.
 FAMILY_KEYS = (
@@ -61,8 +62,9 @@ class Verdict(StrEnum):
 @dataclass(frozen=True)
 class Figure:
     key: str  # "bench random c4 output_throughput", "accuracy lm_eval k3_arith exact_match"
-    value: float
+    value: float  # a cell's median over its runs
     higher_is_better: bool
+    best: float | None = None  # the best of the cell's runs, when it ran more than once
 
 
 @dataclass(frozen=True)
@@ -126,16 +128,30 @@ def family(record: RunRecord) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def figures(record: RunRecord) -> dict[str, Figure]:
-    """Every tracked figure of a run: bench metrics per workload and concurrency, accuracy scores."""
-    out: dict[str, Figure] = {}
+def bench_cells(record: RunRecord) -> list[dict[str, Any]]:
+    """The run's bench cells as recorded (tasks/bench/cells.Cell); a record from before cells: one per run."""
     bench = record.stage("bench")
-    for run in bench.data.get("runs", []) if bench else []:
+    if bench is None:
+        return []
+    if "cells" in bench.data:
+        return list(bench.data["cells"])
+    return [run | {"valid": True, "reasons": [], "spread": {}, "repeats": 1} for run in bench.data.get("runs", [])]
+
+
+def figures(record: RunRecord) -> dict[str, Figure]:
+    """Every tracked figure of a run: bench metrics of each VALID cell (an invalid one is no evidence), scores."""
+    out: dict[str, Figure] = {}
+    for c in bench_cells(record):
+        if not c["valid"]:
+            continue
         for metric in BENCH_METRICS:
-            value = run.get("figures", {}).get(metric)
+            value = c.get("figures", {}).get(metric)
             if isinstance(value, int | float):
-                key = f"bench {run['workload']} c{run['concurrency']} {metric}"
-                out[key] = Figure(key, float(value), higher_is_better(metric))
+                key = f"bench {c['workload']} c{c['concurrency']} {metric}"
+                better = higher_is_better(metric)
+                spread = c.get("spread", {}).get(metric) if c.get("repeats", 1) > 1 else None
+                best = (max(spread) if better else min(spread)) if spread else None
+                out[key] = Figure(key, float(value), better, best)
     accuracy = record.stage("accuracy")
     for score in accuracy.data.get("scores", []) if accuracy else []:
         key = f"accuracy {score['evaluator']} {score['dataset']} {score['metric']}"
@@ -185,6 +201,12 @@ def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
         why = f"{change:+.1f} % from the median of {len(history)} runs, within their spread (±{tolerance:.4g})"
         return MetricVerdict(figure.key, figure.value, Verdict.PASS, why, median, low, high, past)
     beyond = figure.value < worst_seen if figure.higher_is_better else figure.value > worst_seen
+    if beyond and figure.best is not None:
+        best_worse = (median - figure.best) if figure.higher_is_better else (figure.best - median)
+        if best_worse <= tolerance:  # the run's own spread reaches back into history's
+            why = (f"{change:+.1f} % from the median, worse than every earlier run, but its best repeat "
+                   f"({figure.best:.4g}) is within their spread")  # fmt: skip
+            return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, median, low, high, past)
     if beyond:
         why = f"{change:+.1f} % from the median, worse than every one of {len(history)} earlier runs ({worst_seen:.4g})"
         return MetricVerdict(figure.key, figure.value, Verdict.REGRESSED, why, median, low, high, past)
@@ -213,10 +235,19 @@ def comparable(record: RunRecord, candidates: Iterable[RunRecord], last: int) ->
 
 
 def headline_keys(record: RunRecord) -> set[str]:
-    """The judged figures every recorded bench cell reports (tasks/bench/results.HEADLINE): absent is damage."""
-    bench = record.stage("bench")
-    cells = [(run.get("workload"), run.get("concurrency")) for run in (bench.data.get("runs", []) if bench else [])]
+    """The judged figures every valid bench cell reports (tasks/bench/results.HEADLINE): absent is damage."""
+    cells = [(c["workload"], c["concurrency"]) for c in bench_cells(record) if c["valid"]]
     return {f"bench {w} c{c} {m}" for w, c in cells for m in BENCH_METRICS if m in HEADLINE}
+
+
+def invalid_cells(record: RunRecord) -> list[MetricVerdict]:
+    """Each INVALID cell of the run as a MISSING verdict: its figures are not evidence, and never a pass."""
+    out = []
+    for c in bench_cells(record):
+        if not c["valid"]:
+            why = "the cell is INVALID: " + "; ".join(c.get("reasons", []))
+            out.append(MetricVerdict(f"bench {c['workload']} c{c['concurrency']}", None, Verdict.MISSING, why))
+    return out
 
 
 def missing(record: RunRecord, expected: dict[str, str]) -> list[MetricVerdict]:
@@ -244,7 +275,7 @@ def compare(
     expected = {key: "every bench cell" for key in headline_keys(record)}
     expected |= {key: f"{sum(key in s for s in series)} earlier passing run(s)" for s in series for key in s}
     expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures if baseline is not None}
-    verdicts: list[MetricVerdict] = missing(record, expected)
+    verdicts: list[MetricVerdict] = invalid_cells(record) + missing(record, expected)
     for key, figure in sorted(figures(record).items()):
         verdicts.append(judge(figure, [s[key].value for s in series if key in s]))
         if key in base_figures:
@@ -279,11 +310,12 @@ def compare(
 def _config_baselines(record: RunRecord) -> list[MetricVerdict]:
     """The run's own `bench.baselines`, judged by the bench stage's rule (tasks/bench/results.compare)."""
     baselines = [Baseline.model_validate(b) for b in _get(record.config, "bench.baselines") or []]
-    bench = record.stage("bench")
     out = []
-    for run in bench.data.get("runs", []) if bench and baselines else []:
-        for c in bench_compare(BenchRun(**run), baselines):
-            key = f"bench {run['workload']} c{run['concurrency']} {c.metric}"
+    for cell in bench_cells(record) if baselines else []:
+        if not cell["valid"]:
+            continue  # named once, by invalid_cells
+        for c in bench_compare(cell["workload"], cell["concurrency"], cell["figures"], baselines):
+            key = f"bench {cell['workload']} c{cell['concurrency']} {c.metric}"
             if c.value is None:
                 out.append(MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; bench.baselines "
                                                                      f"has it: {c.rule}"))  # fmt: skip

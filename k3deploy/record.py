@@ -101,6 +101,20 @@ class RecordedRun(_Evidence):
     figures: dict[str, FiniteFigure]
 
 
+class RecordedCell(_Evidence):
+    """A bench cell as the bench stage records it (tasks/bench/cells.Cell)."""
+
+    workload: StrictStr
+    concurrency: Annotated[StrictInt, Field(ge=1)]
+    repeats: Annotated[StrictInt, Field(ge=1)]
+    valid: StrictBool
+    reasons: list[StrictStr]
+    hit_rate: FiniteFigure | None
+    achieved_concurrency: FiniteFigure | None
+    figures: dict[str, FiniteFigure]
+    spread: dict[str, list[FiniteFigure]]
+
+
 class RecordedScore(_Evidence):
     """A score as the accuracy stage records it (tasks/accuracy/results.Score)."""
 
@@ -117,6 +131,7 @@ class RecordedScore(_Evidence):
 
 class BenchEvidence(_Evidence):
     runs: list[RecordedRun] = Field(default_factory=list)
+    cells: list[RecordedCell] = Field(default_factory=list)
 
 
 class AccuracyEvidence(_Evidence):

@@ -11,7 +11,7 @@ import html
 from collections import defaultdict
 from collections.abc import Sequence
 
-from k3deploy.history import BENCH_METRICS, Comparison, figures
+from k3deploy.history import BENCH_METRICS, Comparison, bench_cells, figures
 from k3deploy.record import RunRecord
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
@@ -45,20 +45,32 @@ def stage_rows(record: RunRecord) -> list[dict[str, str]]:
 
 
 def bench_rows(record: RunRecord) -> list[dict[str, str]]:
-    bench = record.stage("bench")
+    """One row per bench cell: VALID or INVALID and why, the cache and concurrency it got, median (min–max)."""
     rows = []
-    for run in bench.data.get("runs", []) if bench else []:
-        f = run.get("figures", {})
+    for c in bench_cells(record):
+        f, spread = c.get("figures", {}), c.get("spread", {}) if c.get("repeats", 1) > 1 else {}
+
+        def shown(metric: str, f: dict[str, float] = f, spread: dict[str, list[float]] = spread) -> str:
+            low_high = spread.get(metric)
+            return _fmt(f.get(metric)) + (f" ({low_high[0]:.4g}–{low_high[1]:.4g})" if low_high else "")
+
+        rate = c.get("hit_rate")
         rows.append(
             {
-                "workload": run["workload"],
-                "concurrency": str(run["concurrency"]),
-                "completed": f"{run['completed']}/{run['num_prompts']}",
-                "output tok/s": _fmt(f.get("output_throughput")),
-                "req/s": _fmt(f.get("request_throughput")),
-                "mean TTFT ms": _fmt(f.get("mean_ttft_ms")),
-                "p99 TTFT ms": _fmt(f.get("p99_ttft_ms")),
-                "mean TPOT ms": _fmt(f.get("mean_tpot_ms")),
+                "workload": c["workload"],
+                "concurrency": str(c["concurrency"]),
+                "cell": ("VALID" if c["valid"] else "INVALID") + "".join(f"; {r}" for r in c.get("reasons", [])),
+                "runs": str(c.get("repeats", 1)),
+                "completed": f"{c['completed']}/{c['num_prompts']}",
+                "prefix hit rate": "" if rate is None else f"{rate:.1%}",
+                "achieved concurrency": _fmt(c.get("achieved_concurrency")),
+                "output tok/s": shown("output_throughput"),
+                "req/s": shown("request_throughput"),
+                "goodput req/s": shown("request_goodput"),
+                "mean TTFT ms": shown("mean_ttft_ms"),
+                "p99 TTFT ms": shown("p99_ttft_ms"),
+                "mean TPOT ms": shown("mean_tpot_ms"),
+                "flags": "; ".join(c.get("flags", [])),
             }
         )
     return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from string import Template
@@ -281,12 +282,21 @@ def container_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None)
     )
 
 
-def bench_file(workload: str, concurrency: int) -> str:
-    """The saved JSON's name for one bench run: one file per workload and concurrency (a sweep resumes by it)."""
-    return f"{workload}-c{concurrency}.json"
+def bench_file(workload: str, concurrency: int, repeat: int = 1) -> str:
+    """The saved JSON's name for one bench run: one file per workload, concurrency and repeat (a sweep resumes by
+    it); the first repeat keeps the name it always had."""
+    return f"{workload}-c{concurrency}{'' if repeat == 1 else f'-r{repeat}'}.json"
 
 
-def bench_argv(cfg: DeploymentConfig, workload: str = "random", concurrency: int | None = None) -> list[str]:
+def bench_seed(workload: str, concurrency: int, repeat: int = 1) -> int:
+    """A seed of its own for every run: with vLLM's one default seed every cold run sends the same prompts, and
+    all but the first are served from the cache the first one warmed."""
+    return zlib.crc32(f"{workload}-c{concurrency}-r{repeat}".encode()) & 0x7FFFFFFF
+
+
+def bench_argv(
+    cfg: DeploymentConfig, workload: str = "random", concurrency: int | None = None, repeat: int = 1
+) -> list[str]:
     """Seed section 8's `vllm bench serve` against node 0; `prefix_repetition` is the prefix-hit workload."""
     bench, serve = cfg.bench, cfg.serve
     concurrency = concurrency or bench.max_concurrency
@@ -320,7 +330,9 @@ def bench_argv(cfg: DeploymentConfig, workload: str = "random", concurrency: int
     if bench.ignore_eos:
         argv.append("--ignore-eos")
     argv += ["--percentile-metrics", bench.percentile_metrics, "--metric-percentiles", bench.metric_percentiles]
-    argv += ["--save-result", "--result-dir", bench.result_dir, "--result-filename", bench_file(workload, concurrency)]
+    argv += ["--seed", str(bench_seed(workload, concurrency, repeat)), *bench.slo.goodput_args()]
+    name = bench_file(workload, concurrency, repeat)
+    argv += ["--save-result", "--result-dir", bench.result_dir, "--result-filename", name]
     return argv + list(bench.extra_args)
 
 

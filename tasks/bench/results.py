@@ -41,16 +41,28 @@ class BenchRun:
     figures: dict[str, float] = field(default_factory=dict)
     speculative: dict[str, Any] | None = None  # draft acceptance over the run (with a DSpark draft)
     tool_seconds: float | None = None  # wall time of `vllm bench serve` itself, start-up included
+    repeat: int = 1
+    achieved_concurrency: float | None = None  # sum of request latencies / duration (Little's law)
+    prefix_cache: dict[str, float] | None = None  # queries and hits (tokens) over the run, from /metrics
+
+    @property
+    def hit_rate(self) -> float | None:
+        if self.prefix_cache is None or not self.prefix_cache.get("queries"):
+            return None
+        return self.prefix_cache["hits"] / self.prefix_cache["queries"]
 
     @property
     def ok(self) -> bool:
         return self.failed == 0 and self.completed == self.num_prompts
 
 
-def required_figures(workload: str, concurrency: int, baselines: Iterable[Baseline]) -> tuple[str, ...]:
-    """What a run must report: the headline figures and every baseline's metric that applies to the run."""
+def required_figures(
+    workload: str, concurrency: int, baselines: Iterable[Baseline], goodput: bool = False
+) -> tuple[str, ...]:
+    """What a run must report: the headline figures, every baseline's metric that applies to the run, and
+    request_goodput when SLOs were given (--goodput)."""
     wanted = [b.metric for b in baselines if applies(b, workload, concurrency)]
-    return tuple(dict.fromkeys([*HEADLINE, *wanted]))
+    return tuple(dict.fromkeys([*HEADLINE, *wanted, *(["request_goodput"] if goodput else [])]))
 
 
 def parse_result(text: str, workload: str, concurrency: int, required: Iterable[str] = HEADLINE) -> BenchRun:
@@ -70,7 +82,28 @@ def parse_result(text: str, workload: str, concurrency: int, required: Iterable[
         raise UnreadableEvidence(f"{what} lacks {', '.join(absent)}")
     keys = dict.fromkeys([*FIGURES, "request_goodput", *wanted])  # request_goodput is null without --goodput
     figures = {k: figure(data, k, what) for k in keys if data.get(k) is not None}
-    return BenchRun(workload, concurrency, num_prompts, completed, failed, reported, figures)
+    return BenchRun(workload, concurrency, num_prompts, completed, failed, reported, figures,
+                    achieved_concurrency=_achieved_concurrency(data, what))  # fmt: skip
+
+
+def _achieved_concurrency(data: dict[str, Any], what: str) -> float | None:
+    """Requests in flight on average: the sum of their latencies over the run's duration; None without them."""
+    latencies = data.get("latencies")
+    if not isinstance(latencies, list) or not latencies:
+        return None
+    busy = sum(figure({"latency": v}, "latency", f"{what}'s latencies") for v in latencies)
+    duration = figure(data, "duration", what)
+    return round(busy / duration, 4) if duration > 0 else None
+
+
+def parse_prefix_cache(text: str) -> dict[str, float]:
+    """The `*.cache.json` beside a result: prefix-cache queries and hits over the run, finite and ≥ 0."""
+    what = "the saved prefix-cache use"
+    data = load_json_object(text, what)
+    found = {key: figure(data, key, what) for key in ("queries", "hits")}
+    if min(found.values()) < 0 or found["hits"] > found["queries"]:
+        raise UnreadableEvidence(f"{what} counts {found['hits']:g} hits of {found['queries']:g} queries")
+    return found
 
 
 def parse_acceptance(text: str) -> dict[str, Any]:
@@ -103,13 +136,13 @@ def applies(baseline: Baseline, workload: str, concurrency: int) -> bool:
     return baseline.workload == workload and baseline.concurrency in (None, concurrency)
 
 
-def compare(run: BenchRun, baselines: list[Baseline]) -> list[Comparison]:
-    """Each baseline that applies to this run: throughput ≥ threshold × baseline, latency ≤ threshold × baseline."""
+def compare(workload: str, concurrency: int, figures: dict[str, float], baselines: list[Baseline]) -> list[Comparison]:
+    """Each baseline that applies to this cell: throughput ≥ threshold × baseline, latency ≤ threshold × baseline."""
     out = []
     for b in baselines:
-        if not applies(b, run.workload, run.concurrency):
+        if not applies(b, workload, concurrency):
             continue
-        value = run.figures.get(b.metric)
+        value = figures.get(b.metric)
         limit = b.threshold * b.value
         if higher_is_better(b.metric):
             ok, rule = value is not None and value >= limit, f"≥ {b.threshold:g} × {b.value:g} = {limit:g}"
@@ -120,6 +153,20 @@ def compare(run: BenchRun, baselines: list[Baseline]) -> list[Comparison]:
 
 
 SPEC = "vllm:spec_decode_"
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+
+
+def prefix_cache(before: str, after: str) -> dict[str, float] | None:
+    """Prefix-cache queries and hits (tokens, every engine) over a run, from /metrics before and after it;
+    None when vLLM reports no such counters (prefix caching off, or a reading failed)."""
+    readings = [metrics.parse(text) for text in (before, after)]
+    rises = []
+    for name in (PREFIX_QUERIES, PREFIX_HITS):
+        start, end = (metrics.total(r, name) for r in readings)
+        if start is None or end is None:
+            return None
+        rises.append(end - start)
+    return {"queries": rises[0], "hits": rises[1]}
 
 
 def acceptance(before: str, after: str) -> dict[str, Any] | None:

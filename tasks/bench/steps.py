@@ -22,7 +22,15 @@ from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import CommandTimeout, NodeError, UnreadableEvidence
-from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_acceptance, parse_result, required_figures
+from k3deploy.tasks.bench.results import (
+    BenchRun,
+    acceptance,
+    parse_acceptance,
+    parse_prefix_cache,
+    parse_result,
+    prefix_cache,
+    required_figures,
+)
 from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.render import Plan, bench_argv, bench_file
 from k3deploy.tasks.smoke.steps import base_url
@@ -37,34 +45,59 @@ def planned_runs(cfg: DeploymentConfig) -> list[tuple[str, int]]:
     return [(w, c) for w in workloads for c in concurrencies]
 
 
-def read_saved(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    """Beside a saved result: the draft acceptance (`*.spec.json`) and the prefix cache's use (`*.cache.json`)."""
+    return path.with_suffix(".spec.json"), path.with_suffix(".cache.json")
+
+
+def read_saved(
+    cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int, repeat: int = 1
+) -> BenchRun | None:
     """A run already measured in this run's folder, None if not yet; UnreadableEvidence naming the damaged file."""
-    path = folder / bench_file(workload, concurrency)
-    spec = path.with_suffix(".spec.json")
+    path = folder / bench_file(workload, concurrency, repeat)
+    spec, cache = _sidecars(path)
     if not path.exists():
         return None
-    required = required_figures(workload, concurrency, cfg.bench.baselines)
+    required = required_figures(workload, concurrency, cfg.bench.baselines, bool(cfg.bench.slo.goodput_args()))
     damaged = path
     try:
-        run = parse_result(path.read_text(), workload, concurrency, required)
+        run = dataclasses.replace(parse_result(path.read_text(), workload, concurrency, required), repeat=repeat)
         damaged = spec
-        return dataclasses.replace(run, speculative=parse_acceptance(spec.read_text())) if spec.exists() else run
+        if spec.exists():
+            run = dataclasses.replace(run, speculative=parse_acceptance(spec.read_text()))
+        damaged = cache
+        if cache.exists():
+            run = dataclasses.replace(run, prefix_cache=parse_prefix_cache(cache.read_text()))
+        return run
     except (OSError, ValueError) as err:
         raise UnreadableEvidence(f"{damaged}: {err}") from None
 
 
-def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int) -> BenchRun | None:
+def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: int, repeat: int = 1) -> BenchRun | None:
     """read_saved, where damaged files are kept beside as `*.unreadable`, with a warning, and None says: run it
     again (damage is never a measured run)."""
     try:
-        return read_saved(cfg, folder, workload, concurrency)
+        return read_saved(cfg, folder, workload, concurrency, repeat)
     except UnreadableEvidence as err:
-        path = folder / bench_file(workload, concurrency)
+        path = folder / bench_file(workload, concurrency, repeat)
         _logger().warning("%s; kept as *.unreadable and measured again", err)
-        for kept in (path, path.with_suffix(".spec.json")):
+        for kept in (path, *_sidecars(path)):
             if kept.exists():
                 kept.replace(kept.with_name(kept.name + ".unreadable"))
         return None
+
+
+def reset_prefix_cache(cfg: DeploymentConfig) -> None:
+    """Empty the servers' prefix cache (bench.reset_prefix_cache), so no run is served from an earlier one's."""
+    url = f"{base_url(cfg)}/reset_prefix_cache"
+    try:
+        answer = httpx.post(url, timeout=cfg.smoke.request_timeout_s)
+    except httpx.HTTPError as err:
+        raise NodeError(cfg.cluster.nodes[0].name, f"POST {url} failed: {err}") from None
+    if answer.status_code >= 300:
+        hint = " (vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in serve.env)" if answer.status_code == 404 else ""
+        raise NodeError(cfg.cluster.nodes[0].name, f"POST {url} answered {answer.status_code}{hint}: "
+                                                   "bench.reset_prefix_cache cannot be honoured")  # fmt: skip
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
@@ -96,14 +129,15 @@ def run_bench(
     concurrency: int,
     folder: Path,
     stop: threading.Event | None = None,
+    repeat: int = 1,
 ) -> BenchRun:
     """One run on node 0; its output and saved JSON go to `folder`. NodeError when the tool fails; killed on
     the node once `stop` is set (the service was lost)."""
     logger = get_run_logger()
     node = plan.nodes[0]
-    argv = bench_argv(cfg, workload, concurrency)
+    argv = bench_argv(cfg, workload, concurrency, repeat)
     where = shlex.quote(cfg.bench.result_dir)
-    name = bench_file(workload, concurrency)
+    name = bench_file(workload, concurrency, repeat)
     folder.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
 
@@ -131,14 +165,23 @@ def run_bench(
         saved = f"{where}/{shlex.quote(name)}"
         text = beside.run_beside(node, f"cat {saved}", 120).check().stdout
         beside.run_beside(node, f"rm -f {saved}; rmdir {where} 2>/dev/null || true", 120)  # kept here, not there
-    spec = acceptance(before, read_metrics(cfg))
+    after = read_metrics(cfg)
+    spec, cache = acceptance(before, after), prefix_cache(before, after)
     try:
-        run = parse_result(text, workload, concurrency, required_figures(workload, concurrency, cfg.bench.baselines))
+        run = parse_result(
+            text,
+            workload,
+            concurrency,
+            required_figures(workload, concurrency, cfg.bench.baselines, bool(cfg.bench.slo.goodput_args())),
+        )
     except ValueError as err:
         kept = folder / f"{name}.unreadable"
         kept.write_text(text)
         raise NodeError(node.node, f"{cfg.bench.result_dir}/{name} (kept as {kept}): {err}") from None
-    if spec is not None:  # written first: the JSON's presence is what marks the run as measured
-        _write_whole((folder / name).with_suffix(".spec.json"), json.dumps(spec) + "\n")
+    spec_file, cache_file = _sidecars(folder / name)
+    for sidecar, found in ((spec_file, spec), (cache_file, cache)):  # first: the JSON marks the run as measured
+        if found is not None:
+            _write_whole(sidecar, json.dumps(found) + "\n")
     _write_whole(folder / name, text)
-    return dataclasses.replace(run, speculative=spec, tool_seconds=round(done.duration_s, 3))
+    return dataclasses.replace(run, speculative=spec, prefix_cache=cache, repeat=repeat,
+                               tool_seconds=round(done.duration_s, 3))  # fmt: skip

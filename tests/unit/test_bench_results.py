@@ -60,7 +60,7 @@ def test_baselines_higher_for_throughput_lower_for_latency():
         Baseline(metric="output_throughput", value=1, concurrency=8),  # another concurrency
         Baseline(metric="p95_ttft_ms", value=1, threshold=1.2),  # not measured: fails, never passes silently
     ]
-    assert [(c.metric, c.ok) for c in compare(run, baselines)] == [
+    assert [(c.metric, c.ok) for c in compare(run.workload, run.concurrency, run.figures, baselines)] == [
         ("output_throughput", True),
         ("output_throughput", False),
         ("mean_ttft_ms", True),

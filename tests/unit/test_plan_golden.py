@@ -96,13 +96,16 @@ def test_speculative_config_matches_seed(repo, tokens):
 
 
 def test_bench_matches_seed(plan):
-    """The seed's command, plus the percentiles the run record keeps and a file name per workload."""
+    """The seed's command, plus the percentiles the run record keeps, a file name per workload and a seed of each
+    run's own (vLLM's one default seed would send every cold run the same prompts)."""
+    from k3deploy.tasks.render import bench_seed
+
     env = {"NODE0_IP": SITE["<NODE0_IP>"], "TOKENIZER_PATH": MODEL_PATH}
     positional, rendered = seed.flags(plan.bench_argv)
     seed_positional, expected = seed.flags(shlex.split(seed.expand(BENCH_CMD, env)))
     assert positional == seed_positional and rendered - expected == seed.flags(
         ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-         "--result-filename", "random-c4.json"]
+         "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4))]
     )[1]  # fmt: skip
     assert expected - rendered == seed.flags([])[1]
 

@@ -1,0 +1,102 @@
+"""Bench cells: one workload at one concurrency, run `bench.repeats` times, judged VALID or INVALID (no I/O).
+
+A cell is valid when it measured what it claims to: every request served; the prefix cache as the
+workload means it (cold: served from no warm cache; prefix hits: hits); the concurrency asked for
+reached. Its figures are the medians of its runs, with their spread (min, max). A p99 over fewer
+requests than `bench.validity.tail_min_requests` is their maximum, not a tail: flagged, and
+invalid when a baseline judges it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from k3deploy.blocks.bench import Baseline, Validity
+from k3deploy.tasks.bench.results import BenchRun, applies
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    concurrency: int
+    repeats: int
+    valid: bool
+    reasons: list[str]  # why it is invalid, one per problem and run
+    flags: list[str]  # what to read with care, without making it invalid
+    completed: int  # over every run
+    num_prompts: int
+    hit_rate: float | None  # median over the runs: prefix-cache hits / queries (tokens)
+    achieved_concurrency: float | None  # median over the runs
+    figures: dict[str, float] = field(default_factory=dict)  # medians over the runs
+    spread: dict[str, list[float]] = field(default_factory=dict)  # figure → [min, max] over the runs
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
+def run_reasons(run: BenchRun, validity: Validity, prefix_caching: bool) -> list[str]:
+    """What keeps one run from counting: failed requests, the wrong cache state, concurrency not reached."""
+    out, tag = [], f"run {run.repeat}"
+    if not run.ok:
+        out.append(f"{tag}: {run.completed} of {run.num_prompts} requests completed, {run.failed} failed")
+    rate = run.hit_rate
+    if run.workload == "prefix_repetition":
+        if not prefix_caching:
+            out.append(f"{tag}: prefix caching is off (serve.enable_prefix_caching): the prefix-hit workload "
+                       "measures nothing it claims")  # fmt: skip
+        elif rate is None:
+            out.append(f"{tag}: no prefix-cache counters on /metrics: whether the prefixes were hit is unknown")
+        elif rate < validity.prefix_min_hit_rate:
+            out.append(f"{tag}: prefix-cache hit rate {rate:.1%} on the prefix-hit workload, below "
+                       f"bench.validity.prefix_min_hit_rate {validity.prefix_min_hit_rate:.0%}")  # fmt: skip
+    elif prefix_caching:
+        if rate is None:
+            out.append(f"{tag}: no prefix-cache counters on /metrics: whether the cache was cold is unknown")
+        elif rate > validity.cold_max_hit_rate:
+            out.append(f"{tag}: prefix-cache hit rate {rate:.1%} on the cold workload, above "
+                       f"bench.validity.cold_max_hit_rate {validity.cold_max_hit_rate:.0%}: served from a warm cache "
+                       "(bench.reset_prefix_cache resets it before each run)")  # fmt: skip
+    wanted = min(run.concurrency, run.num_prompts)
+    got = run.achieved_concurrency
+    if got is None:
+        out.append(f"{tag}: no request latencies in the result: the concurrency reached is unknown")
+    elif got < validity.min_concurrency_ratio * wanted:
+        out.append(f"{tag}: achieved concurrency {got:.2f} of {wanted} requested, below "
+                   f"bench.validity.min_concurrency_ratio {validity.min_concurrency_ratio:g}: the client or the "
+                   "server saturated")  # fmt: skip
+    return out
+
+
+def cell(runs: list[BenchRun], validity: Validity, prefix_caching: bool, baselines: list[Baseline]) -> Cell:
+    """The runs of one workload and concurrency (repeat order) judged as one cell."""
+    first = runs[0]
+    reasons = [reason for run in runs for reason in run_reasons(run, validity, prefix_caching)]
+    flags: list[str] = []
+    fewest = min(run.completed for run in runs)
+    if fewest < validity.tail_min_requests:
+        judged = sorted({b.metric for b in baselines if applies(b, first.workload, first.concurrency)
+                         and b.metric.startswith("p99")})  # fmt: skip
+        said = (f"p99 figures from {fewest} requests are their maximum, not a tail "
+                f"(bench.validity.tail_min_requests {validity.tail_min_requests})")  # fmt: skip
+        (reasons if judged else flags).append(said + (f", and a baseline judges {', '.join(judged)}" if judged else ""))
+    keys = [k for k in first.figures if all(k in run.figures for run in runs)]
+    figures = {k: round(statistics.median(run.figures[k] for run in runs), 6) for k in keys}
+    spread = {k: [min(run.figures[k] for run in runs), max(run.figures[k] for run in runs)] for k in keys}
+    return Cell(
+        first.workload, first.concurrency, len(runs), not reasons, reasons, flags,
+        sum(run.completed for run in runs), sum(run.num_prompts for run in runs),
+        _median([run.hit_rate for run in runs]), _median([run.achieved_concurrency for run in runs]),
+        figures, spread,
+    )  # fmt: skip
+
+
+def summary(c: Cell) -> str:
+    """One line of what the cell measured and how far to trust it."""
+    rate = "unknown" if c.hit_rate is None else f"{c.hit_rate:.1%}"
+    reached = "unknown" if c.achieved_concurrency is None else f"{c.achieved_concurrency:.2f}"
+    said = (f"{'VALID' if c.valid else 'INVALID'}: {c.completed}/{c.num_prompts} requests over {c.repeats} run(s), "
+            f"prefix-cache hit rate {rate}, achieved concurrency {reached} of {c.concurrency}")  # fmt: skip
+    return "; ".join([said, *c.reasons])
