@@ -97,7 +97,9 @@ class BenchConfig(StrictBlock):
         default=1, ge=1, le=20, description="Runs of each cell; figures are their medians, with spread."
     )
     slo: Slo = Field(default_factory=Slo, description="SLOs for vLLM's --goodput; request_goodput is then judged.")
-    validity: Validity = Field(default_factory=Validity, description="When a cell counts as VALID: the bench.validity.* keys.")
+    validity: Validity = Field(
+        default_factory=Validity, description="When a cell counts as VALID: the bench.validity.* keys."
+    )
     reset_prefix_cache: bool = Field(
         default=False,
         description="POST /reset_prefix_cache before each cell, so none is served from an earlier cell's cache "
