@@ -140,7 +140,10 @@ class ServeConfig(StrictBlock):
     tokenizer_mode: Text | None = Field(default="kimi_k3", description="--tokenizer-mode")
     quantization: Text | None = Field(default="ascend", description="--quantization; None leaves it out.")
     safetensors_load_strategy: Text | None = Field(default="lazy", description="--safetensors-load-strategy")
-    enable_prefix_caching: bool = Field(default=True, description="--enable-prefix-caching")
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="--enable-prefix-caching; false renders --no-enable-prefix-caching (vLLM's default is on).",
+    )
     max_model_len: int = Field(default=133120, ge=1, description="--max-model-len")
     max_num_seqs: int = Field(default=16, ge=1, description="--max-num-seqs")
     max_num_batched_tokens: int = Field(default=8192, ge=1, description="--max-num-batched-tokens")

@@ -47,7 +47,7 @@ def bench(config: ConfigSource) -> StageResult:
                 found = saved_run(cfg, folder, workload, concurrency, repeat)
                 resumed += found is not None
                 if found is None:
-                    if cfg.bench.reset_prefix_cache:
+                    if cfg.bench.reset_prefix_cache and cfg.serve.enable_prefix_caching:
                         reset_prefix_cache(cfg)
                     found = run_bench(cfg, plan, workload, concurrency, folder, stop, repeat)
                 done.append(found)
@@ -109,9 +109,9 @@ def bench(config: ConfigSource) -> StageResult:
         },
     }
     run.note(f"raw output and saved JSON of every run: `{folder}`")
-    served, first = sum(r.completed for r in runs), cells[0]
+    served, first, valid = sum(r.completed for r in runs), cells[0], sum(c.valid for c in cells)
     return run.passed(
-        f"{len(cells)} valid cells ({len(runs)} runs, {served} requests, none failed); {first.workload} "
+        f"{valid} of {len(cells)} cells valid ({len(runs)} runs, {served} requests); {first.workload} "
         f"c{first.concurrency}: {first.figures['output_throughput']:.0f} output tok/s, mean TTFT "
         f"{first.figures['mean_ttft_ms']:.0f} ms"
     )

@@ -207,8 +207,8 @@ def serve_argv(cfg: DeploymentConfig, index: int) -> list[str]:
     argv += ["--data-parallel-address", env["NODE0_IP"], "--data-parallel-rpc-port", env["RPC_PORT"]]
     if serve.enable_expert_parallel:
         argv.append("--enable-expert-parallel")
-    if serve.enable_prefix_caching:
-        argv.append("--enable-prefix-caching")
+    # vLLM caches prefixes unless told not to: leaving the flag out would not turn it off.
+    argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     argv += [
         "--max-model-len", str(serve.max_model_len),
         "--max-num-seqs", str(serve.max_num_seqs),

@@ -12,6 +12,7 @@ import json
 import logging
 import shlex
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -87,17 +88,30 @@ def saved_run(cfg: DeploymentConfig, folder: Path, workload: str, concurrency: i
         return None
 
 
-def reset_prefix_cache(cfg: DeploymentConfig) -> None:
-    """Empty the servers' prefix cache (bench.reset_prefix_cache), so no run is served from an earlier one's."""
-    url = f"{base_url(cfg)}/reset_prefix_cache"
-    try:
-        answer = httpx.post(url, timeout=cfg.smoke.request_timeout_s)
-    except httpx.HTTPError as err:
-        raise NodeError(cfg.cluster.nodes[0].name, f"POST {url} failed: {err}") from None
-    if answer.status_code >= 300:
-        hint = " (vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in serve.env)" if answer.status_code == 404 else ""
-        raise NodeError(cfg.cluster.nodes[0].name, f"POST {url} answered {answer.status_code}{hint}: "
-                                                   "bench.reset_prefix_cache cannot be honoured")  # fmt: skip
+def reset_prefix_cache(cfg: DeploymentConfig, attempts: int = 20, pause_s: float = 0.5) -> None:
+    """Empty the servers' prefix cache (bench.reset_prefix_cache), so no run is served from an earlier one's.
+    vLLM answers {"success": false} while running requests still hold blocks: asked again, a bounded number of
+    times."""
+    url, node = f"{base_url(cfg)}/reset_prefix_cache", cfg.cluster.nodes[0].name
+    for attempt in range(attempts):
+        try:
+            answer = httpx.post(url, timeout=cfg.smoke.request_timeout_s)
+        except httpx.HTTPError as err:
+            raise NodeError(node, f"POST {url} failed: {err}") from None
+        if answer.status_code >= 300:
+            hint = (
+                " (vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in serve.env)" if answer.status_code == 404 else ""
+            )
+            raise NodeError(node, f"POST {url} answered {answer.status_code}{hint}: bench.reset_prefix_cache cannot "
+                                  "be honoured")  # fmt: skip
+        try:
+            if answer.json().get("success") is True:
+                return
+        except (ValueError, AttributeError):
+            raise NodeError(node, f'POST {url} answered {answer.text[:200]!r}, not vLLM\'s {{"success": …}}') from None
+        if attempt + 1 < attempts:
+            time.sleep(pause_s)  # requests still finishing hold blocks
+    raise NodeError(node, f"POST {url} answered success false {attempts} times: requests kept holding cache blocks")
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:

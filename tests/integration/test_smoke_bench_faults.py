@@ -105,7 +105,10 @@ def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requ
     control.write_text(json.dumps({"K3SIM_FAIL_EVERY": "5"}))  # from now on every 5th request is a 500
     with pytest.raises(BenchStageFailed, match="1 check\\(s\\) failed") as failed:
         bench(config=config)
-    assert findings(failed) == {"random c2 every request served": "16/20 completed, 4 failed"}
+    found = findings(failed)
+    assert list(found) == ["random c2 valid cell"]  # the cell is invalid, and it says why
+    assert found["random c2 valid cell"].startswith("INVALID: 16/20 requests over 1 run(s)")
+    assert found["random c2 valid cell"].endswith("; run 1: 16 of 20 requests completed, 4 failed")
     run = failed.value.result.data["runs"][0]
     assert (run["completed"], run["failed"], run["failed_reported"]) == (16, 4, True)  # vLLM 0.32 reports it
     assert Path(failed.value.result.data["folder"], "random-c2.json").exists()  # the tool's own JSON, kept

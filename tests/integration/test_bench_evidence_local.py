@@ -1,0 +1,131 @@
+"""Bench evidence on the local profile with the real CPU vLLM: cells judged VALID or INVALID from the real
+prefix-cache counters, repeats with their spread, goodput from vLLM's own --goodput, and a rank's tracked
+process killed during bench (the engine left running) failing the stage and leaving nothing of its group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.blocks.loader import load_config
+from k3deploy.errors import ValidateFailed
+from k3deploy.flows.validate import validate
+from k3deploy.record import runs_dir
+from tests.bedconfig import write_config
+
+pytestmark = [pytest.mark.bench, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
+PROFILE = Path(__file__).parents[2] / "configs" / "local.yaml"
+STAGES = ["models", "launch", "bench"]
+
+
+def profile(tmp_path: Path, serve: dict[str, Any] | None = None, **bench: Any) -> str:
+    data = yaml.safe_load(PROFILE.read_text())
+    data["serve"] |= serve or {}
+    data["bench"] |= bench
+    return write_config(tmp_path / "local.yaml", data)
+
+
+def bench_stage(run_id: Any) -> dict[str, Any]:
+    document = json.loads((runs_dir() / str(run_id) / "record.json").read_text())
+    return next(s for s in document["stages"] if s["stage"] == "bench")
+
+
+def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(prefect_server, tmp_path):
+    config = profile(tmp_path, repeats=3, slo={"ttft_ms": 600000, "e2el_ms": 600000})
+    state = validate(config=config, only=STAGES, return_state=True)
+    assert state.is_completed(), state.message
+    stage = bench_stage(state.state_details.flow_run_id)
+    cells = {c["workload"]: c for c in stage["data"]["cells"]}
+    assert set(cells) == {"random", "prefix_repetition"} and all(c["valid"] for c in cells.values()), cells
+    cold, warm = cells["random"], cells["prefix_repetition"]
+    assert cold["repeats"] == warm["repeats"] == 3 and cold["completed"] == 60
+    assert 0 <= cold["hit_rate"] < warm["hit_rate"]  # measured from /metrics around each run
+    for c in cells.values():
+        low, high = c["spread"]["output_throughput"]
+        assert low <= c["figures"]["output_throughput"] <= high and c["achieved_concurrency"] > 1
+        assert c["figures"]["request_goodput"] > 0  # SLOs no request misses: goodput is the request rate
+    runs = stage["data"]["runs"]
+    assert [(r["workload"], r["repeat"]) for r in runs] == [(w, i) for w in cells for i in (1, 2, 3)]
+    folder = Path(stage["data"]["folder"])
+    assert sorted(p.name for p in folder.glob("random-c2*.json")) == [
+        "random-c2-r2.cache.json", "random-c2-r2.json", "random-c2-r3.cache.json", "random-c2-r3.json",
+        "random-c2.cache.json", "random-c2.json",
+    ]  # fmt: skip
+    report = (runs_dir() / str(state.state_details.flow_run_id) / "report.md").read_text()
+    median, (low, high) = cold["figures"]["output_throughput"], cold["spread"]["output_throughput"]
+    assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
+
+
+def test_prefix_caching_off_makes_the_prefix_cell_invalid_and_the_stage_fail(prefect_server, tmp_path):
+    config = profile(tmp_path, serve={"enable_prefix_caching": False})
+    state = validate(config=config, only=STAGES, return_state=True)
+    with pytest.raises(ValidateFailed, match="validate failed at bench"):
+        state.result()
+    stage = bench_stage(state.state_details.flow_run_id)
+    assert stage["verdict"] == "fail"
+    cells = {c["workload"]: c for c in stage["data"]["cells"]}
+    assert not cells["prefix_repetition"]["valid"]
+    assert cells["prefix_repetition"]["reasons"][0].startswith("run 1: prefix caching is off")
+    assert cells["random"]["valid"]  # no cache at all: the cold workload is cold
+    finding = next(f for f in stage["findings"] if f["subject"] == "prefix_repetition c2")
+    assert finding["check"] == "valid cell" and not finding["ok"] and "INVALID" in finding["detail"]
+
+
+def group_alive(pgid: int) -> list[str]:
+    """Live (not zombie) processes of a process group, from /proc."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(stat.parent.name)
+    return alive
+
+
+def test_killing_a_ranks_tracked_process_during_bench_fails_it_and_teardown_leaves_none_of_its_group(
+    prefect_server, tmp_path
+):
+    config = profile(tmp_path, num_prompts=400, prefix_hit=False)  # long enough to be killed in
+    cfg = load_config(config)
+    pid_file = Path(cfg.serve.process.state_dir) / "vllm-kimi-k3-local1" / "pid"
+    env = cfg.image.environment.path.encode()
+    killed: dict[str, int] = {}
+
+    def kill_once_bench_runs() -> None:
+        """Once `vllm bench serve` runs, SIGKILL rank 1's tracked wrapper only: its engine runs on, re-parented."""
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    text = cmdline.read_bytes()
+                except OSError:
+                    continue
+                if b"bench\0serve" in text and env in text and pid_file.exists():
+                    leader = int(pid_file.read_text())
+                    os.kill(leader, signal.SIGKILL)
+                    killed["pgid"] = leader
+                    return
+            time.sleep(0.5)  # a state of other processes: nothing to wait on but /proc
+
+    killer = threading.Thread(target=kill_once_bench_runs, daemon=True)
+    killer.start()
+    state = validate(config=config, only=STAGES, return_state=True)
+    killer.join(60)
+    assert "pgid" in killed
+    with pytest.raises(ValidateFailed, match=r"validate failed at bench: .*local1.*DP rank 1"):
+        state.result()
+    document = json.loads((runs_dir() / str(state.state_details.flow_run_id) / "record.json").read_text())
+    stages = {s["stage"]: s for s in document["stages"]}
+    assert stages["teardown"]["verdict"] == "pass", stages["teardown"]
+    assert group_alive(killed["pgid"]) == []  # the engine and its workers too, not only the wrapper
+    assert not pid_file.parent.exists()
