@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,14 +159,16 @@ PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_ca
 
 def prefix_cache(before: str, after: str) -> dict[str, float] | None:
     """Prefix-cache queries and hits (tokens, every engine) over a run, from /metrics before and after it;
-    None when vLLM reports no such counters (prefix caching off, or a reading failed)."""
+    None when they cannot be read: no such counters (a reading failed), NaN, or counters that went down."""
     readings = [metrics.parse(text) for text in (before, after)]
     rises = []
     for name in (PREFIX_QUERIES, PREFIX_HITS):
         start, end = (metrics.total(r, name) for r in readings)
-        if start is None or end is None:
-            return None
+        if start is None or end is None or not math.isfinite(end - start) or end < start:
+            return None  # absent, NaN, or a counter that went down (a server restarted): unknown, never 0 %
         rises.append(end - start)
+    if rises[1] > rises[0]:
+        return None
     return {"queries": rises[0], "hits": rises[1]}
 
 

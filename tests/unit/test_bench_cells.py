@@ -39,6 +39,10 @@ def test_the_hit_rate_is_the_counters_change_over_every_engine():
     assert prefix_cache(smoke, smoke) == {"queries": 0.0, "hits": 0.0}
     found = prefix_cache(before.replace("1150.0", "0.0"), smoke)  # two engines summed (DP ranks 0 and 1)
     assert found == {"queries": 6995.0 + 6438.0, "hits": 3328.0}
+    nan = smoke.replace('prefix_cache_hits_total{engine="0",model_name="kimi-k3"} 1664.0',
+                        'prefix_cache_hits_total{engine="0",model_name="kimi-k3"} NaN')  # fmt: skip
+    assert nan != smoke and prefix_cache("", nan) is None and prefix_cache(nan, smoke) is None
+    assert prefix_cache(smoke, before) is None  # the counters went down: the server restarted between readings
 
 
 def test_the_real_runs_achieved_their_concurrency():
