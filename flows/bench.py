@@ -19,7 +19,7 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
 from k3deploy.record import runs_dir
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.bench.cells import Cell, cell, summary
+from k3deploy.tasks.bench.cells import Cell, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, compare
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
 from k3deploy.tasks.launch.liveness import watching
@@ -36,7 +36,6 @@ def bench(config: ConfigSource) -> StageResult:
     plan = render_plan(cfg)
     rows: list[dict[str, Any]] = []
     runs: list[BenchRun] = []
-
     cells: list[Cell] = []
 
     def measure(stop: threading.Event) -> None:
@@ -60,27 +59,7 @@ def bench(config: ConfigSource) -> StageResult:
             for c in comparisons:
                 seen = "missing" if c.value is None else f"{c.value:g}"
                 run.findings.append(Finding(subject, f"{c.metric} vs baseline", c.ok, f"{seen} {c.rule}"))
-            figures = judged.figures
-            rows.append(
-                {
-                    "workload": workload,
-                    "concurrency": concurrency,
-                    "valid": "VALID" if judged.valid else "INVALID",
-                    "runs": judged.repeats,
-                    "completed": f"{judged.completed}/{judged.num_prompts}",
-                    "prefix hit rate": None if judged.hit_rate is None else round(judged.hit_rate, 4),
-                    "achieved concurrency": judged.achieved_concurrency,
-                    "output tok/s": _with_spread(judged, "output_throughput"),
-                    "mean TTFT ms": _with_spread(judged, "mean_ttft_ms"),
-                    "mean TPOT ms": _with_spread(judged, "mean_tpot_ms"),
-                    "p99 E2EL ms": figures.get("p99_e2el_ms"),
-                    "goodput req/s": figures.get("request_goodput"),
-                    "acceptance": (done[0].speculative or {}).get("acceptance_rate"),
-                    "baselines": "; ".join(f"{c.metric} {'ok' if c.ok else 'MISSED'}" for c in comparisons) or "-",
-                    "why": "; ".join(judged.reasons + judged.flags) or "-",
-                    "resumed": f"{resumed}/{judged.repeats}",
-                }
-            )
+            rows.append(row(judged, comparisons, f"{resumed}/{judged.repeats}", done[0].speculative))
 
     with run.guard(), watching(cfg, "bench") as watch:
         watch.run(measure, watch.stop)
@@ -115,11 +94,3 @@ def bench(config: ConfigSource) -> StageResult:
         f"c{first.concurrency}: {first.figures['output_throughput']:.0f} output tok/s, mean TTFT "
         f"{first.figures['mean_ttft_ms']:.0f} ms"
     )
-
-
-def _with_spread(c: Cell, metric: str) -> str | None:
-    """'median (min–max)' over a cell's runs; the median alone for one run."""
-    if metric not in c.figures:
-        return None
-    low, high = c.spread[metric]
-    return f"{c.figures[metric]:.4g}" + (f" ({low:.4g}–{high:.4g})" if c.repeats > 1 else "")

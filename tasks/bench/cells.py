@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from k3deploy.blocks.bench import Baseline, Validity
-from k3deploy.tasks.bench.results import BenchRun, applies
+from k3deploy.tasks.bench.results import BenchRun, Comparison, applies
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ def run_reasons(run: BenchRun, validity: Validity, prefix_caching: bool) -> list
     """What keeps one run from counting: failed requests, the wrong cache state, concurrency not reached."""
     out, tag = [], f"run {run.repeat}"
     if not run.ok:
-        out.append(f"{tag}: {run.completed} of {run.num_prompts} requests completed, {run.failed} failed")
+        counted = "" if run.failed_reported else " (num_prompts − completed: this vLLM reports no failed)"
+        out.append(f"{tag}: {run.completed} of {run.num_prompts} requests completed, {run.failed} failed{counted}")
     rate = run.hit_rate
     if run.workload == "prefix_repetition":
         if not prefix_caching:
@@ -100,3 +102,33 @@ def summary(c: Cell) -> str:
     said = (f"{'VALID' if c.valid else 'INVALID'}: {c.completed}/{c.num_prompts} requests over {c.repeats} run(s), "
             f"prefix-cache hit rate {rate}, achieved concurrency {reached} of {c.concurrency}")  # fmt: skip
     return "; ".join([said, *c.reasons])
+
+
+def with_spread(c: Cell, metric: str) -> str | None:
+    """'median (min–max)' over a cell's runs; the median alone for one run."""
+    if metric not in c.figures:
+        return None
+    low, high = c.spread[metric]
+    return f"{c.figures[metric]:.4g}" + (f" ({low:.4g}–{high:.4g})" if c.repeats > 1 else "")
+
+
+def row(c: Cell, comparisons: list[Comparison], resumed: str, speculative: dict[str, Any] | None) -> dict[str, Any]:
+    """The cell as a row of the stage's `runs` table."""
+    return {
+        "workload": c.workload,
+        "concurrency": c.concurrency,
+        "valid": "VALID" if c.valid else "INVALID",
+        "runs": c.repeats,
+        "completed": f"{c.completed}/{c.num_prompts}",
+        "prefix hit rate": None if c.hit_rate is None else round(c.hit_rate, 4),
+        "achieved concurrency": c.achieved_concurrency,
+        "output tok/s": with_spread(c, "output_throughput"),
+        "mean TTFT ms": with_spread(c, "mean_ttft_ms"),
+        "mean TPOT ms": with_spread(c, "mean_tpot_ms"),
+        "p99 E2EL ms": c.figures.get("p99_e2el_ms"),
+        "goodput req/s": c.figures.get("request_goodput"),
+        "acceptance": (speculative or {}).get("acceptance_rate"),
+        "baselines": "; ".join(f"{x.metric} {'ok' if x.ok else 'MISSED'}" for x in comparisons) or "-",
+        "why": "; ".join(c.reasons + c.flags) or "-",
+        "resumed": resumed,
+    }
