@@ -138,28 +138,37 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
 
 
 def test_a_headless_rank_killed_while_requests_are_in_flight_fails_launch_naming_it(prefect_server, tmp_path):
-    """vLLM stays silent and /health stays 200 when a DP peer dies: the runtime's exit watch must notice."""
-    config = profile(tmp_path, readiness={"timeout_s": 600, "poll_s": 1, "request_timeout_s": 60, "burst_requests": 64})
+    """vLLM stays silent and /health stays 200 when a DP peer dies: the runtime's exit watch must notice.
+
+    The launch must still be waiting when the rank dies, whatever the machine's speed: its first probe
+    finds the server still loading, and with a poll interval as long as the readiness limit it probes
+    again only when the exit watch wakes it — so the kill below lands during launch, never after it.
+    """
+    readiness = {"timeout_s": 600, "poll_s": 600, "request_timeout_s": 60, "burst_requests": 64}
+    config = profile(tmp_path, readiness=readiness)
     cfg = load_config(config)
     pid_file = Path(cfg.serve.process.state_dir) / "vllm-kimi-k3-local1" / "pid"
     url = f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions"
     killed = threading.Event()
 
-    def kill_after_first_answer() -> None:
-        """The launch is in its burst once a chat is answered: kill rank 1's whole session then."""
+    def kill_with_a_stream_in_flight() -> None:
+        """Once a chat is answered, open a streamed chat and kill rank 1's whole session mid-stream."""
         deadline = time.monotonic() + 900
+        body = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": "hi"}]}
         while time.monotonic() < deadline:
             try:
-                body = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": "hi"}]}
                 if httpx.post(url, json=body | {"max_tokens": 4}, timeout=30).status_code == 200:
-                    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+                    streamed = body | {"max_tokens": 256, "stream": True}
+                    with httpx.stream("POST", url, json=streamed, timeout=30) as stream:
+                        next(line for line in stream.iter_lines() if line.startswith("data: "))
+                        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
                     killed.set()
                     return
-            except (httpx.HTTPError, OSError, ValueError):
+            except (httpx.HTTPError, OSError, ValueError, StopIteration):
                 pass
             time.sleep(1)  # polling a server that is still starting: there is no event to wait on
 
-    killer = threading.Thread(target=kill_after_first_answer, daemon=True)
+    killer = threading.Thread(target=kill_with_a_stream_in_flight, daemon=True)
     killer.start()
     state = validate(config=config, return_state=True)
     killer.join(60)
