@@ -82,8 +82,15 @@ def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
 
 
 def _ensure_limit(name: str) -> None:
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    """Create the cluster's limit once: read first, as a create that collides makes the server log a traceback."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+            return
+        except ObjectNotFound:
+            pass
+        with contextlib.suppress(ObjectAlreadyExists):  # another run created it between the two calls
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
 
 
 def _run_state(run_id: str | None) -> str | None:
