@@ -19,7 +19,7 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
 from k3deploy.record import runs_dir
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.bench.cells import Cell, cell, row, summary
+from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, compare
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
 from k3deploy.tasks.launch.liveness import watching
@@ -37,6 +37,7 @@ def bench(config: ConfigSource) -> StageResult:
     rows: list[dict[str, Any]] = []
     runs: list[BenchRun] = []
     cells: list[Cell] = []
+    serving = Serving(cfg.serve.enable_prefix_caching, drafting=cfg.models.draft is not None)
 
     def measure(stop: threading.Event) -> None:
         for workload, concurrency in planned_runs(cfg):
@@ -51,7 +52,7 @@ def bench(config: ConfigSource) -> StageResult:
                     found = run_bench(cfg, plan, workload, concurrency, folder, stop, repeat)
                 done.append(found)
             runs.extend(done)
-            judged = cell(done, cfg.bench.validity, cfg.serve.enable_prefix_caching, cfg.bench.baselines)
+            judged = cell(done, cfg.bench.validity, serving, cfg.bench.baselines)
             cells.append(judged)
             subject = f"{workload} c{concurrency}"
             run.findings.append(Finding(subject, "valid cell", judged.valid, summary(judged)))

@@ -18,6 +18,14 @@ from k3deploy.tasks.bench.results import BenchRun, Comparison, applies
 
 
 @dataclass(frozen=True)
+class Serving:
+    """What the measured server was started with, as far as judging a cell needs it."""
+
+    prefix_caching: bool
+    drafting: bool  # served with a speculative draft: each run must show how much of it was accepted
+
+
+@dataclass(frozen=True)
 class Cell:
     workload: str
     concurrency: int
@@ -38,9 +46,11 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(known), 4) if known else None
 
 
-def run_reasons(run: BenchRun, validity: Validity, prefix_caching: bool) -> list[str]:
-    """What keeps one run from counting: failed requests, the wrong cache state, concurrency not reached."""
+def run_reasons(run: BenchRun, validity: Validity, serving: Serving) -> list[str]:
+    """What keeps one run from counting: failed requests, the wrong cache state, concurrency not reached,
+    a draft whose acceptance is unknown."""
     out, tag = [], f"run {run.repeat}"
+    prefix_caching = serving.prefix_caching
     if not run.ok:
         counted = "" if run.failed_reported else " (num_prompts − completed: this vLLM reports no failed)"
         out.append(f"{tag}: {run.completed} of {run.num_prompts} requests completed, {run.failed} failed{counted}")
@@ -61,6 +71,8 @@ def run_reasons(run: BenchRun, validity: Validity, prefix_caching: bool) -> list
             out.append(f"{tag}: prefix-cache hit rate {rate:.1%} on the cold workload, above "
                        f"bench.validity.cold_max_hit_rate {validity.cold_max_hit_rate:.0%}: served from a warm cache "
                        "(bench.reset_prefix_cache resets it before each run)")  # fmt: skip
+    if serving.drafting:
+        out.extend(f"{tag}: {reason}" for reason in _acceptance_reasons(run.speculative))
     wanted = min(run.concurrency, run.num_prompts)
     got = run.achieved_concurrency
     if got is None:
@@ -72,10 +84,20 @@ def run_reasons(run: BenchRun, validity: Validity, prefix_caching: bool) -> list
     return out
 
 
-def cell(runs: list[BenchRun], validity: Validity, prefix_caching: bool, baselines: list[Baseline]) -> Cell:
+def _acceptance_reasons(speculative: dict[str, Any] | None) -> list[str]:
+    if speculative is None:
+        return ["no spec_decode counters on /metrics: whether the draft was used is unknown"]
+    if speculative.get("unreadable"):
+        return [f"the draft's acceptance is unknown: {speculative['unreadable']}"]
+    if not speculative.get("draft_tokens"):
+        return ["the draft proposed no tokens over the run: the speculative server was not measured"]
+    return []
+
+
+def cell(runs: list[BenchRun], validity: Validity, serving: Serving, baselines: list[Baseline]) -> Cell:
     """The runs of one workload and concurrency (repeat order) judged as one cell."""
     first = runs[0]
-    reasons = [reason for run in runs for reason in run_reasons(run, validity, prefix_caching)]
+    reasons = [reason for run in runs for reason in run_reasons(run, validity, serving)]
     flags: list[str] = []
     fewest = min(run.completed for run in runs)
     if fewest < validity.tail_min_requests:

@@ -107,13 +107,24 @@ def parse_prefix_cache(text: str) -> dict[str, float]:
     return found
 
 
+SPEC_COUNTS = {"drafts": "num_drafts", "draft_tokens": "num_draft_tokens", "accepted_tokens": "num_accepted_tokens"}
+SPEC_RATES = ("acceptance_rate", "mean_acceptance_length")
+
+
 def parse_acceptance(text: str) -> dict[str, Any]:
-    """The `*.spec.json` beside a result: counts and rates, each a finite number (the rates may be null)."""
+    """The `*.spec.json` beside a result: counts and rates, each a finite number (the rates may be null), or,
+    for counters that could not be trusted, nulls and the `unreadable` reason."""
     what = "the saved acceptance"
     data = load_json_object(text, what)
-    for key in ("drafts", "draft_tokens", "accepted_tokens"):
+    if "unreadable" in data:
+        if not isinstance(data["unreadable"], str) or any(
+            data.get(key) is not None for key in (*SPEC_COUNTS, *SPEC_RATES)
+        ):
+            raise UnreadableEvidence(f"{what} gives figures beside its reason for having none")
+        return data
+    for key in SPEC_COUNTS:
         figure(data, key, what)
-    for key in ("acceptance_rate", "mean_acceptance_length"):
+    for key in SPEC_RATES:
         if data.get(key) is not None:
             figure(data, key, what)
     return data
@@ -173,23 +184,35 @@ def prefix_cache(before: str, after: str) -> dict[str, float] | None:
 
 
 def acceptance(before: str, after: str) -> dict[str, Any] | None:
-    """Speculative decoding over a run, from the change of the spec_decode counters; None without a draft.
+    """Speculative decoding over a run, from the change of the spec_decode counters; None without a draft
+    (no such counters after the run). Counters that are there but cannot be trusted — one missing, not read
+    before the run, NaN, gone down (a server restarted), more accepted than proposed — give no figures and
+    an `unreadable` reason, so the cell is invalid rather than credited with a made-up acceptance.
 
     acceptance rate = accepted / draft tokens; mean acceptance length = 1 + accepted / drafts.
     """
     readings = [metrics.parse(text) for text in (before, after)]
-
-    def rise(name: str) -> float | None:
-        values = [metrics.total(r, f"{SPEC}{name}_total") for r in readings]
-        return None if values[1] is None else values[1] - (values[0] or 0.0)
-
-    drafts, draft_tokens, accepted = rise("num_drafts"), rise("num_draft_tokens"), rise("num_accepted_tokens")
-    if drafts is None or draft_tokens is None or accepted is None:
+    ends = {key: metrics.total(readings[1], f"{SPEC}{name}_total") for key, name in SPEC_COUNTS.items()}
+    if all(value is None for value in ends.values()):
         return None
+    starts = {key: metrics.total(readings[0], f"{SPEC}{name}_total") for key, name in SPEC_COUNTS.items()}
+    rises = {key: end - start for key, end in ends.items() if (start := starts[key]) is not None and end is not None}
+    if len(rises) < len(SPEC_COUNTS):
+        gone = [f"{SPEC}{SPEC_COUNTS[key]}_total" for key in SPEC_COUNTS if key not in rises]
+        return _unknown_acceptance(f"no reading of {', '.join(gone)} before and after the run")
+    if not all(math.isfinite(value) for value in rises.values()):
+        return _unknown_acceptance(f"spec_decode counters read NaN or infinite: {rises}")
+    if min(rises.values()) < 0:
+        return _unknown_acceptance(f"spec_decode counters went down over the run (a server restarted): {rises}")
+    drafts, draft_tokens, accepted = rises["drafts"], rises["draft_tokens"], rises["accepted_tokens"]
+    if accepted > draft_tokens or (draft_tokens and not drafts):
+        return _unknown_acceptance(f"spec_decode counters that cannot be: {rises}")
     return {
-        "drafts": drafts,
-        "draft_tokens": draft_tokens,
-        "accepted_tokens": accepted,
+        **rises,
         "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
     }
+
+
+def _unknown_acceptance(reason: str) -> dict[str, Any]:
+    return dict.fromkeys((*SPEC_COUNTS, *SPEC_RATES)) | {"unreadable": reason}

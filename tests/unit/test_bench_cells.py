@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.bench import Baseline, Slo, Validity
-from k3deploy.tasks.bench.cells import cell, summary
+from k3deploy.tasks.bench.cells import Serving, cell, summary
 from k3deploy.tasks.bench.results import BenchRun, parse_result, prefix_cache
 from k3deploy.tasks.render import bench_argv, bench_file, bench_seed
 
@@ -20,6 +20,7 @@ DATA = Path(__file__).parents[1] / "data"
 RANDOM = (DATA / "bench" / "vllm-0.32.0-random-c2.json").read_text()
 PREFIX = (DATA / "bench" / "vllm-0.32.0-prefix_repetition-c2.json").read_text()
 V = Validity()
+CACHING = Serving(prefix_caching=True, drafting=False)
 
 
 def run(
@@ -53,8 +54,8 @@ def test_the_real_runs_achieved_their_concurrency():
 
 
 def test_a_cold_cell_from_a_cold_cache_and_a_prefix_cell_with_hits_are_valid():
-    cold = cell([run(RANDOM, "random", hits=0)], V, True, [])
-    hot = cell([run(PREFIX, "prefix_repetition", hits=320)], V, True, [])
+    cold = cell([run(RANDOM, "random", hits=0)], V, CACHING, [])
+    hot = cell([run(PREFIX, "prefix_repetition", hits=320)], V, CACHING, [])
     assert cold.valid and hot.valid and cold.reasons == hot.reasons == []
     assert hot.hit_rate == 0.32 and cold.hit_rate == 0.0
     assert cold.flags == ["p99 figures from 20 requests are their maximum, not a tail "
@@ -74,22 +75,23 @@ def test_a_cold_cell_from_a_cold_cache_and_a_prefix_cell_with_hits_are_valid():
     ],
 )  # fmt: skip
 def test_the_wrong_cache_state_makes_a_cell_invalid(workload, hits, caching, reason):
-    judged = cell([run(PREFIX if workload != "random" else RANDOM, workload, hits=hits)], V, caching, [])
+    text = PREFIX if workload != "random" else RANDOM
+    judged = cell([run(text, workload, hits=hits)], V, Serving(caching, drafting=False), [])
     assert not judged.valid and judged.reasons[0].startswith(f"run 1: {reason}")
 
 
 def test_counters_missing_leave_the_cache_state_unknown_and_the_cell_invalid():
     done = dataclasses.replace(parse_result(RANDOM, "random", 2), prefix_cache=None)
-    judged = cell([done], V, True, [])
+    judged = cell([done], V, CACHING, [])
     assert judged.reasons == ["run 1: no prefix-cache counters on /metrics: whether the cache was cold is unknown"]
-    assert cell([done], V, False, []).valid  # no cache at all: the cold workload is cold
+    assert cell([done], V, Serving(False, False), []).valid  # no cache at all: the cold workload is cold
 
 
 def test_failed_requests_and_concurrency_not_reached_are_reasons():
     data = json.loads(RANDOM)
     data["completed"], data["failed"] = 18, 2
     data["duration"] = sum(data["latencies"]) / 0.5  # 0.5 requests in flight of 2 asked for
-    judged = cell([run(json.dumps(data), "random", hits=0)], V, True, [])
+    judged = cell([run(json.dumps(data), "random", hits=0)], V, CACHING, [])
     assert (
         judged.reasons
         == [
@@ -104,7 +106,7 @@ def test_failed_requests_and_concurrency_not_reached_are_reasons():
 
 def test_a_p99_judged_by_a_baseline_from_too_few_requests_is_invalid():
     baseline = Baseline(metric="p99_ttft_ms", value=1000, threshold=1.2)
-    judged = cell([run(RANDOM, "random", hits=0)], V, True, [baseline])
+    judged = cell([run(RANDOM, "random", hits=0)], V, CACHING, [baseline])
     assert not judged.valid and judged.flags == []
     assert judged.reasons == ["p99 figures from 20 requests are their maximum, not a tail "
                               "(bench.validity.tail_min_requests 100), and a baseline judges p99_ttft_ms"]  # fmt: skip
@@ -113,10 +115,10 @@ def test_a_p99_judged_by_a_baseline_from_too_few_requests_is_invalid():
 def test_repeats_give_medians_with_their_spread():
     runs = [run(RANDOM, "random", hits=0, repeat=i, output_throughput=tput) for i, tput in ((1, 150.0), (2, 170.0),
             (3, 160.0))]  # fmt: skip
-    judged = cell(runs, V, True, [])
+    judged = cell(runs, V, CACHING, [])
     assert judged.repeats == 3 and judged.completed == 60 and judged.num_prompts == 60
     assert judged.figures["output_throughput"] == 160.0 and judged.spread["output_throughput"] == [150.0, 170.0]
-    bad = cell([*runs[:2], dataclasses.replace(runs[2], prefix_cache={"queries": 100.0, "hits": 50.0})], V, True, [])
+    bad = cell([*runs[:2], dataclasses.replace(runs[2], prefix_cache={"queries": 100.0, "hits": 50.0})], V, CACHING, [])
     assert not bad.valid and bad.reasons[0].startswith("run 3: prefix-cache hit rate 50.0% on the cold workload")
 
 

@@ -112,3 +112,61 @@ def test_a_damaged_saved_file_is_named_kept_aside_and_measured_again(tmp_path) -
     assert (tmp_path / "random-c2.spec.json.unreadable").exists() and (tmp_path / "random-c2.json.unreadable").exists()
     assert (tmp_path / "random-c4.json.unreadable").exists() and not (tmp_path / "random-c4.json").exists()
     assert read_saved(cfg, tmp_path, "random", 4) is None  # now not measured: the stage runs it again
+
+
+BEFORE = (DATA / "vllm-0.32.0-ngram-metrics-before.txt").read_text()
+AFTER = (DATA / "vllm-0.32.0-ngram-metrics-after.txt").read_text()
+NO_DRAFT = (DATA.parent / "smoke" / "vllm-0.32.0" / "metrics-after-smoke.txt").read_text()
+ACCEPTED = 'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="kimi-k3"} 100.0'
+
+
+def counter(text: str, line: str, value: str | None) -> str:
+    """The real reading with one sample changed (its value, or its line removed when None)."""
+    assert line in text
+    return text.replace(line, "" if value is None else line.rsplit(" ", 1)[0] + f" {value}")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "why"),
+    [
+        (BEFORE, counter(AFTER, ACCEPTED, "NaN"), "NaN or infinite"),  # changed: a NaN counter
+        (BEFORE, counter(AFTER, ACCEPTED, "+Inf"), "NaN or infinite"),  # changed: an infinite one
+        (AFTER, BEFORE, "went down"),  # the real readings swapped: a server restarted between them
+        (NO_DRAFT, AFTER, "no reading of vllm:spec_decode_num_drafts_total"),  # not read before the run
+        (BEFORE, counter(AFTER, ACCEPTED, None), "no reading of vllm:spec_decode_num_accepted_tokens_total"),
+        (BEFORE, counter(AFTER, ACCEPTED, "171.0"), "cannot be"),  # changed: more accepted than proposed
+    ],
+)  # fmt: skip
+def test_spec_decode_counters_that_cannot_be_trusted_give_no_acceptance(before: str, after: str, why: str) -> None:
+    from k3deploy.tasks.bench.results import acceptance
+
+    found = acceptance(before, after)
+    assert found is not None and why in found["unreadable"]
+    assert all(found[key] is None for key in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate"))
+    assert parse_acceptance(json.dumps(found)) == found  # saved beside the result, read back as unknown
+
+
+def test_a_saved_unknown_acceptance_with_figures_beside_it_is_unreadable() -> None:
+    text = json.dumps({"drafts": 90, "unreadable": "spec_decode counters went down"})
+    with pytest.raises(UnreadableEvidence, match="figures beside its reason"):
+        parse_acceptance(text)
+
+
+def test_a_drafting_cell_is_valid_only_with_a_known_acceptance() -> None:
+    from dataclasses import replace
+
+    from k3deploy.blocks.bench import Validity
+    from k3deploy.tasks.bench.cells import Serving, cell
+    from k3deploy.tasks.bench.results import acceptance
+
+    drafting = Serving(prefix_caching=False, drafting=True)
+    measured = replace(parse_result(REAL, "random", 2), speculative=acceptance(BEFORE, AFTER))
+    assert cell([measured], Validity(), drafting, []).valid
+    assert cell([replace(measured, speculative=None)], Validity(), Serving(False, drafting=False), []).valid
+    for speculative, why in [
+        (None, "no spec_decode counters on /metrics"),
+        (acceptance(AFTER, BEFORE), "the draft's acceptance is unknown: spec_decode counters went down"),
+        (acceptance(AFTER, AFTER), "the draft proposed no tokens"),  # a draft served, never used
+    ]:
+        judged = cell([replace(measured, speculative=speculative)], Validity(), drafting, [])
+        assert not judged.valid and len(judged.reasons) == 1 and judged.reasons[0].startswith(f"run 1: {why}")
