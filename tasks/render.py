@@ -18,6 +18,7 @@ LABEL_PREFIX = "k3deploy"
 CONFIG_LABEL = f"{LABEL_PREFIX}.config"  # the fingerprint of the config a container runs
 RUN_LABEL = f"{LABEL_PREFIX}.run"
 NODE_LABEL = f"{LABEL_PREFIX}.node"
+PORTS_LABEL = f"{LABEL_PREFIX}.ports"  # the TCP ports a process listens on, comma-separated: free after its stop
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,19 @@ def process_spec(cfg: DeploymentConfig, index: int, run_id: str | None = None) -
     name = f"{cfg.serve.container.name}-{cfg.cluster.nodes[index].name}"
     env_path = cfg.image.environment.path
     environment = node_env(cfg, index) | {"VIRTUAL_ENV": env_path, "PATH": f"{env_path}/bin:{BASE_PATH}"}
+    ports = listening_ports(cfg, index)
     return ProcessSpec(
         name=name,
         state_dir=f"{cfg.serve.process.state_dir.rstrip('/')}/{name}",
         environment=environment,
         command=serve_argv(cfg, index),
-        labels=unit_labels(cfg, index, run_id),
+        labels=unit_labels(cfg, index, run_id) | ({PORTS_LABEL: ",".join(map(str, ports))} if ports else {}),
     )
+
+
+def listening_ports(cfg: DeploymentConfig, index: int) -> list[int]:
+    """Node 0 serves the API and binds the DP handshake (`--data-parallel-rpc-port`); headless ranks bind none."""
+    return [cfg.serve.service_port, cfg.serve.rpc_port] if index == 0 else []
 
 
 def sourced(scripts: Sequence[str], command: str) -> str:

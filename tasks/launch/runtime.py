@@ -25,7 +25,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
 from k3deploy.tasks.launch.stoppable import run_stoppable, run_stoppable_on
-from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
+from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
 from k3deploy.tasks.transport.base import CommandResult, Transport
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
@@ -197,24 +197,51 @@ def group_members(pgid: str) -> str:
 LEFT_MARK = "k3deploy: still running:"
 
 
-def stop_script(folder: str, grace_s: float) -> str:
+def port_holders(ports: Sequence[int]) -> str:
+    """POSIX sh: one line per port still listened on (/proc/net/tcp{,6}, state 0A), with the pid and command
+    of the process holding its socket where this user can see it."""
+    owner = (
+        'ls -l /proc/[0-9]*/fd 2>/dev/null | awk -v s="socket:[$ino]" '
+        '\'/^\\/proc\\//{d=$1} index($0, s){sub(/^\\/proc\\//, "", d); sub(/\\/fd:$/, "", d); print d; exit}\''
+    )
+    lines = []
+    for port in ports:
+        listening = f"awk '$4 == \"0A\" && $2 ~ /:{port:04X}$/ {{print $10; exit}}' /proc/net/tcp /proc/net/tcp6"
+        lines.append(
+            f'ino=$({listening} 2>/dev/null); if [ -n "$ino" ]; then w=$({owner}); '
+            'if [ -n "$w" ]; then w="pid $w: $(ps -o args= -p "$w" | cut -c1-100)"; fi; '
+            f'echo "port {port} is still listened on (by ${{w:-a process not visible here}})"; fi'
+        )
+    return "; ".join(lines) or ":"
+
+
+def stop_script(folder: str, grace_s: float, ports: Sequence[int] = ()) -> str:
     """SIGTERM the process's whole group, SIGKILL it after the grace, and remove its folder only once no
-    process of the group is left: the leader (the wrapper whose pid is kept) may be dead while the server it
-    started runs on. Otherwise print what survives after LEFT_MARK and exit 3, keeping the folder."""
+    process of the group is left and nothing listens on its ports: the leader (the wrapper whose pid is
+    kept) may be dead while the server it started runs on, and a child that left the group may still hold
+    a port. Otherwise print what survives after LEFT_MARK and exit 3, keeping the folder."""
     d = shlex.quote(folder)
     left = group_members('"$p"')
     wait = 'i=0; while [ -n "$({left})" ] && [ "$i" -lt {n} ]; do sleep 0.1; i=$((i+1)); done'
     return "; ".join(
         [
-            f'p=$(cat {d}/pid 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac',
+            f'p=$(cat {d}/pid 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac; s=',
             'if [ -n "$p" ]; then kill -TERM "-$p" 2>/dev/null',
             wait.format(left=left, n=int(grace_s * 10)),
             'kill -KILL "-$p" 2>/dev/null',
             wait.format(left=left, n=50),
-            f's=$({left}); if [ -n "$s" ]; then echo {shlex.quote(LEFT_MARK)}; echo "$s"; exit 3; fi',
-            f"fi; rm -rf {d}",
+            f"s=$({left}); fi",
+            f"h=$({port_holders(ports)})",
+            f'if [ -n "$s$h" ]; then echo {shlex.quote(LEFT_MARK)}; [ -z "$s" ] || echo "$s"; [ -z "$h" ] || echo "$h"',
+            f"exit 3; fi; rm -rf {d}",
         ]
     )
+
+
+def label_ports(labels: Mapping[str, str]) -> list[int]:
+    """The ports a process's labels.json says it listens on; anything that is not a port is no port of ours."""
+    found = [part.strip() for part in labels.get(PORTS_LABEL, "").split(",")]
+    return [int(part) for part in found if part.isdigit() and 0 < int(part) < 65536]
 
 
 class ServersSurvived(K3DeployError):
@@ -255,7 +282,8 @@ class ProcessRuntime:
                     f"a process named {spec.name} is already running ({owner}); this config is "
                     f"{spec.labels.get(CONFIG_LABEL)}. Run teardown for its config or stop it by hand.",
                 )
-            stopped = self.transport.run(stop_script(spec.state_dir, self.grace_s), timeout=60 + self.grace_s)
+            stop = stop_script(spec.state_dir, self.grace_s, label_ports(found.labels))
+            stopped = self.transport.run(stop, timeout=60 + self.grace_s)
             stopped.check()  # a dead one of ours: start anew
         self.transport.run(spec.start_script(), timeout=60).check()
         return Started(self.node, spec.name, spec.name, adopted=False)
@@ -306,7 +334,8 @@ class ProcessRuntime:
         """ServersSurvived when a process of a server's group outlives the stop (its folder is kept)."""
         removed, survivors = [], {}
         for state in self._mine(labels):
-            done = self.transport.run(stop_script(self._folder(state.name), self.grace_s), timeout=60 + self.grace_s)
+            stop = stop_script(self._folder(state.name), self.grace_s, label_ports(state.labels))
+            done = self.transport.run(stop, timeout=60 + self.grace_s)
             if LEFT_MARK in done.stdout:
                 left = done.stdout.split(LEFT_MARK, 1)[1].strip().splitlines()
                 survivors[state.name] = ", ".join(" ".join(line.split())[:120] for line in left[:5])

@@ -8,8 +8,11 @@ call the server removed only when nothing of it is left.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,8 +20,9 @@ import pytest
 
 from k3deploy.tasks.launch.runtime import ProcessRuntime, ServersSurvived
 from k3deploy.tasks.launch.steps import removed_summary
-from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, ProcessSpec
+from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, ProcessSpec
 from k3deploy.tasks.transport.local import LocalTransport
+from tests.ports import port_free
 
 pytestmark = [pytest.mark.launch, pytest.mark.faults]
 
@@ -31,8 +35,8 @@ def group(pgid: int) -> list[str]:
     return [line for line in out.splitlines() if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")]
 
 
-def start(root: Path, command: list[str]) -> tuple[ProcessRuntime, ProcessSpec, int]:
-    spec = ProcessSpec("srv-local1", str(root / "srv-local1"), {"A": "1"}, command, dict(LABELS))
+def start(root: Path, command: list[str], labels: dict[str, str] = LABELS) -> tuple[ProcessRuntime, ProcessSpec, int]:
+    spec = ProcessSpec("srv-local1", str(root / "srv-local1"), {"A": "1"}, command, dict(labels))
     runtime = ProcessRuntime("local1", LocalTransport("local1"), str(root), grace_s=2.0)
     runtime.transport.run(spec.start_script(), timeout=30).check()
     leader = int((root / "srv-local1" / "pid").read_text())
@@ -92,6 +96,63 @@ def test_a_process_that_survives_the_kill_is_named_and_the_node_is_not_called_cl
     finally:
         runtime.remove(LABELS)
     assert group(leader) == []
+
+
+def listener(port: int, pid_file: Path, *, leave_group: bool) -> list[str]:
+    """A server listening on `port`; with `leave_group`, started through setsid, so it leaves the wrapper's
+    process group as a daemonising child would, and a stop of the group cannot reach it."""
+    code = (
+        "import os, socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('127.0.0.1', {port})); s.listen(); open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+        "time.sleep(600)"
+    )
+    return ["setsid", sys.executable, "-c", code] if leave_group else [sys.executable, "-c", code]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(port: int) -> None:
+    for _ in range(600):
+        if not port_free(port):
+            return
+        time.sleep(0.05)  # polling a state, bounded: 600 looks
+    raise AssertionError(f"nothing came to listen on port {port}")
+
+
+def test_a_server_on_its_port_is_stopped_and_the_port_is_free_before_it_is_called_removed(tmp_path: Path) -> None:
+    port = free_port()
+    runtime, spec, leader = start(tmp_path, listener(port, tmp_path / "srv.pid", leave_group=False),
+                                  LABELS | {PORTS_LABEL: str(port)})  # fmt: skip
+    wait_listening(port)
+    assert runtime.remove(LABELS) == ["srv-local1"]
+    assert group(leader) == [] and port_free(port) and not Path(spec.state_dir).exists()
+
+
+def test_a_child_that_left_the_group_and_holds_the_port_is_named_and_the_node_is_not_called_clear(
+    tmp_path: Path,
+) -> None:
+    port, pid_file = free_port(), tmp_path / "escaped.pid"
+    runtime, spec, leader = start(tmp_path, ["sh", "-c", shlex.join(listener(port, pid_file, leave_group=True))],
+                                  LABELS | {PORTS_LABEL: f"{port},not-a-port"})  # fmt: skip
+    wait_listening(port)
+    escaped = int(pid_file.read_text())
+    try:
+        with pytest.raises(ServersSurvived) as caught:
+            runtime.remove(LABELS)
+        assert group(leader) == [], "the group itself is stopped"
+        assert f"port {port} is still listened on (by pid {escaped}: {sys.executable} -c" in str(caught.value)
+        assert caught.value.removed == [] and Path(spec.state_dir).exists(), "kept, so a later teardown tries again"
+    finally:
+        os.kill(escaped, signal.SIGKILL)
+    for _ in range(600):  # the kernel frees the port once the process is reaped: a state, polled, bounded
+        if port_free(port):
+            break
+        time.sleep(0.05)
+    assert runtime.remove(LABELS) == ["srv-local1"] and not Path(spec.state_dir).exists()
 
 
 class _PathTransport(LocalTransport):
