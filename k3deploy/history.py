@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -250,9 +251,8 @@ def invalid_cells(record: RunRecord) -> list[MetricVerdict]:
     return out
 
 
-def missing(record: RunRecord, expected: dict[str, str]) -> list[MetricVerdict]:
-    """A MISSING verdict for each expected figure (key → who has it) the run lacks."""
-    have = figures(record)
+def missing(have: dict[str, Figure], expected: dict[str, str]) -> list[MetricVerdict]:
+    """A MISSING verdict for each expected figure (key → who has it) that the run's figures lack."""
     return [
         MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; {who} has it")
         for key, who in sorted(expected.items())
@@ -272,11 +272,13 @@ def compare(
     history = comparable(record, candidates, last)
     series = [figures(r) for r in history]
     base_figures = figures(baseline) if baseline is not None else {}
+    have = figures(record)
+    held_by = Counter(key for s in series for key in s)
     expected = {key: "every bench cell" for key in headline_keys(record)}
-    expected |= {key: f"{sum(key in s for s in series)} earlier passing run(s)" for s in series for key in s}
+    expected |= {key: f"{n} earlier passing run(s)" for key, n in held_by.items()}
     expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures if baseline is not None}
-    verdicts: list[MetricVerdict] = invalid_cells(record) + missing(record, expected)
-    for key, figure in sorted(figures(record).items()):
+    verdicts: list[MetricVerdict] = invalid_cells(record) + missing(have, expected)
+    for key, figure in sorted(have.items()):
         verdicts.append(judge(figure, [s[key].value for s in series if key in s]))
         if key in base_figures:
             spread = verdicts[-1]

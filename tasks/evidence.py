@@ -42,13 +42,17 @@ def count(data: dict[str, Any], key: str, what: str) -> int:
 
 def figure(data: dict[str, Any], key: str, what: str) -> float:
     """A figure: a finite number (not a bool, not a string)."""
-    value = data.get(key)
+    return finite(data.get(key), f"{what}'s {key}")
+
+
+def finite(value: Any, what: str) -> float:
+    """`value` as a finite float, else UnreadableEvidence naming `what`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnreadableEvidence(f"{what}'s {key} is {str(value)[:40]!r}, not a number")
+        raise UnreadableEvidence(f"{what} is {str(value)[:40]!r}, not a number")
     try:
         number = float(value)
     except OverflowError:  # an integer beyond any float
-        raise UnreadableEvidence(f"{what}'s {key} is out of range ({len(str(value))} digits)") from None
+        raise UnreadableEvidence(f"{what} is out of range ({len(str(value))} digits)") from None
     if not math.isfinite(number):
-        raise UnreadableEvidence(f"{what}'s {key} is {number}, not a finite number")
+        raise UnreadableEvidence(f"{what} is {number}, not a finite number")
     return number

@@ -13,7 +13,7 @@ from typing import Any
 from k3deploy.blocks.bench import Baseline
 from k3deploy.errors import UnreadableEvidence
 from k3deploy.tasks import metrics
-from k3deploy.tasks.evidence import count, figure, load_json_object
+from k3deploy.tasks.evidence import count, figure, finite, load_json_object
 
 # The figures kept in the run record (others stay in the raw JSON beside it).
 FIGURES = (
@@ -92,7 +92,7 @@ def _achieved_concurrency(data: dict[str, Any], what: str) -> float | None:
     latencies = data.get("latencies")
     if not isinstance(latencies, list) or not latencies:
         return None
-    busy = sum(figure({"latency": v}, "latency", f"{what}'s latencies") for v in latencies)
+    busy = sum(finite(v, f"{what}'s latency {i}") for i, v in enumerate(latencies))
     duration = figure(data, "duration", what)
     return round(busy / duration, 4) if duration > 0 else None
 

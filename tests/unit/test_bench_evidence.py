@@ -47,6 +47,7 @@ def changed(**values: Any) -> str:
         (changed(completed=20, failed=3), "20 completed and 3 failed of 20"),
         (changed(median_itl_ms=[1.0]), "median_itl_ms is '[1.0]', not a number"),
         (changed(p99_e2el_ms=True), "p99_e2el_ms is 'True', not a number"),
+        (changed(latencies=[1.5, "2.0"]), "latency 1 is '2.0', not a number"),  # the concurrency reached
     ],
 )
 def test_a_damaged_result_is_unreadable_naming_the_key(text: str, names: str) -> None:
