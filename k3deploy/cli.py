@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Iterator
@@ -57,9 +58,41 @@ class Format(StrEnum):
 FormatOption = Annotated[Format, typer.Option("--format", "-f", help="text for people, or json.")]
 
 
+VERBOSE = {"on": False}
+
+
 @app.callback()
-def options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of a failure.")] = False) -> None:
+def options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of a failure.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show Prefect's log stream live (it always goes to the log file).")
+    ] = False,
+) -> None:
     """Global options (before the command)."""
+    VERBOSE["on"] = verbose
+
+
+@contextlib.contextmanager
+def _flow_log() -> Iterator[Path]:
+    """Prefect's log stream of this command into a file under K3DEPLOY_HOME (moved into the run's folder)."""
+    from datetime import UTC, datetime
+
+    from k3deploy.run_log import prefect_log
+    from k3deploy.server import home
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    with prefect_log(home() / "logs" / f"{stamp}-{os.getpid()}.log", VERBOSE["on"]) as path:
+        yield path
+
+
+def _keep_log(log: Path, folder: Path) -> Path:
+    """The command's log moved into the run's folder as `prefect.log` (left where it is when it cannot be)."""
+    target = folder / "prefect.log"
+    try:
+        shutil.move(log, target)
+    except OSError:
+        return log
+    return target
 
 
 def _config(source: Path) -> DeploymentConfig:
@@ -140,7 +173,7 @@ def run(
         raise click.UsageError(str(error)) from None
     _config(config)
     _set_runs_dir(runs_dir)
-    with _prefect() as info:
+    with _prefect() as info, _flow_log() as log:
         from k3deploy.cli_output import StageProgress
         from k3deploy.flows.validate import LISTENERS, validate
 
@@ -155,10 +188,10 @@ def run(
             full_verify=full_verify,
             return_state=True,
         )
-    _print_run(str(state.state_details.flow_run_id), state, info.ui)
+    _print_run(str(state.state_details.flow_run_id), state, info.ui, log)
 
 
-def _print_run(run_id: str, state: Any, ui: str) -> None:
+def _print_run(run_id: str, state: Any, ui: str, log: Path) -> None:
     """The run's stage table, where its record and report are, and exit 1 unless it passed."""
     from k3deploy.cli_output import print_record
     from k3deploy.record import RECORD_NAME, read_record
@@ -167,12 +200,14 @@ def _print_run(run_id: str, state: Any, ui: str) -> None:
     try:
         record = read_record(run_id)
     except K3DeployError:
+        err.print(f"log: {log}")
         state.result()  # no record: the run failed before it could write one; raise why
         raise
     folder = (runs_dir_now() / run_id).resolve()
     out.print()
     print_record(out, record)
     out.print(f"run record: {folder / RECORD_NAME}")
+    out.print(f"log: {_keep_log(log, folder)}")
     if (folder / "report.html").exists():
         out.print(f"report: {folder / 'report.html'}")
     out.print(f"Prefect UI: {ui}/runs/flow-run/{run_id}")
@@ -221,14 +256,14 @@ def rerun(
 
 
 def _retry(run: str) -> None:
-    with _prefect() as info:
+    with _prefect() as info, _flow_log() as log:
         from k3deploy.cli_output import StageProgress
         from k3deploy.flows.validate import LISTENERS
         from k3deploy.rerun import retry
 
         LISTENERS.append(StageProgress(err))
         state = retry(run, on_state=err.print)
-    _print_run(str(state.state_details.flow_run_id), state, info.ui)
+    _print_run(str(state.state_details.flow_run_id), state, info.ui, log)
 
 
 def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> None:
@@ -236,7 +271,7 @@ def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> No
     from k3deploy.flows.registry import FINAL
     from k3deploy.flows.registry import stage as find
 
-    with _prefect():
+    with _prefect(), _flow_log() as log:
         # A stage run alone takes the cluster as validate does; teardown is a clean-up, safe any time.
         turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if name != FINAL:
@@ -254,6 +289,7 @@ def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> No
         from k3deploy.cli_output import print_stage_result
 
         print_stage_result(out, result)
+        out.print(f"log: {log}")
     if not result.passed:
         raise typer.Exit(1)
 

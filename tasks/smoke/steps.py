@@ -7,6 +7,7 @@ import shlex
 import threading
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
@@ -32,7 +33,7 @@ def declares_vision(config_json: str) -> bool:
     return isinstance(data, dict) and bool(data.get("vision_config"))
 
 
-@task(name="does the served model take images")
+@task(name="does the served model take images", cache_policy=NO_CACHE)
 def served_vision(cfg: DeploymentConfig) -> bool:
     if cfg.smoke.vision != "auto":
         return cfg.smoke.vision == "yes"
@@ -62,7 +63,7 @@ def context(cfg: DeploymentConfig, vision: bool) -> Context:
     )
 
 
-@task(name="smoke checks")
+@task(name="smoke checks", cache_policy=NO_CACHE)  # asked of the live service, never cached
 def smoke_checks(cfg: DeploymentConfig, ctx: Context, stop: threading.Event | None = None) -> list[Row]:
     """Every check against node 0; none started once `stop` is set (the service was lost)."""
     logger = get_run_logger()
