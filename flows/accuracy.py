@@ -14,7 +14,7 @@ from prefect import flow, runtime
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import AccuracyStageFailed, ConfigError
 from k3deploy.record import runs_dir
-from k3deploy.stage import Finding, StageResult
+from k3deploy.stage import FailureClass, Finding, StageResult
 from k3deploy.tasks.accuracy.results import Score, compare
 from k3deploy.tasks.accuracy.steps import provision_evaluator, run_ais_bench, run_lm_eval
 from k3deploy.tasks.launch.liveness import watching
@@ -57,9 +57,10 @@ def accuracy(config: ConfigSource) -> StageResult:
             for score in found:
                 subject = f"{name} {score.dataset}"
                 counts = f"{score.completed} completed, {score.failed} failed, {score.missing} missing"
+                lost = None if score.samples_ok else FailureClass.ENGINE if score.failed else FailureClass.TOOL
                 run.findings.append(
                     Finding(subject, "samples", score.samples_ok,
-                            f"{counts}, {score.unparsed} unparsed of {score.dataset_size}")
+                            f"{counts}, {score.unparsed} unparsed of {score.dataset_size}", lost)
                 )  # fmt: skip
                 verdict = compare(score, chosen)
                 if verdict is not None:

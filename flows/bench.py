@@ -18,7 +18,7 @@ from prefect import flow, runtime
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
 from k3deploy.record import runs_dir
-from k3deploy.stage import Finding, StageResult
+from k3deploy.stage import FailureClass, Finding, StageResult
 from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, compare
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
@@ -55,7 +55,8 @@ def bench(config: ConfigSource) -> StageResult:
             judged = cell(done, cfg.bench.validity, serving, cfg.bench.baselines)
             cells.append(judged)
             subject = f"{workload} c{concurrency}"
-            run.findings.append(Finding(subject, "valid cell", judged.valid, summary(judged)))
+            invalid = None if judged.valid else FailureClass.TOOL  # the measurement is not evidence
+            run.findings.append(Finding(subject, "valid cell", judged.valid, summary(judged), invalid))
             comparisons = compare(workload, concurrency, judged.figures, cfg.bench.baselines)
             for c in comparisons:
                 seen = "missing" if c.value is None else f"{c.value:g}"

@@ -15,7 +15,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import LaunchStageFailed
 from k3deploy.record import runs_dir
-from k3deploy.stage import Finding, StageResult
+from k3deploy.stage import FailureCause, FailureClass, Finding, StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchFailed,
     LaunchRecord,
@@ -87,8 +87,12 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     if error is not None:
         where = f"{error.failure.node} (DP rank {error.failure.rank})" if error.failure else "the service"
         run.findings = [Finding(where, "ready", False, str(error))]
+        cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=str(error))
         if error.failure is not None:
             run.data["failed_rank"] = asdict(error.failure)
-        run.failed(str(error))
+            lost = error.failure
+            cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=lost.line or lost.reason,
+                                 node=lost.node, dp_rank=lost.rank)  # fmt: skip
+        run.failed(str(error), cause=cause)
     ranks = cfg.serve.data_parallel_size
     return run.passed(f"ready in {record.time_to_ready_s} s, {ranks} DP ranks, {record.burst_requests} requests")

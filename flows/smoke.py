@@ -8,8 +8,9 @@ from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import SmokeStageFailed
-from k3deploy.stage import Finding, StageResult
+from k3deploy.stage import FailureClass, Finding, StageResult
 from k3deploy.tasks.launch.liveness import watching
+from k3deploy.tasks.smoke.driver import Row
 from k3deploy.tasks.smoke.steps import base_url, context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun
 
@@ -23,7 +24,7 @@ def smoke(config: ConfigSource) -> StageResult:
         ctx = context(cfg, served_vision(cfg))
         rows = watch.run(smoke_checks, cfg, ctx, watch.stop)
     url = base_url(cfg)
-    run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail) for r in rows]
+    run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail, _cause(r)) for r in rows]
     run.table(
         "checks",
         [
@@ -49,3 +50,10 @@ def smoke(config: ConfigSource) -> StageResult:
             run.note(f"{r.check}: not applicable: {r.outcome.detail}")
     counts = {verdict: sum(r.verdict == verdict for r in rows) for verdict in ("pass", "fail", "not-applicable")}
     return run.passed(", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n))
+
+
+def _cause(row: Row) -> FailureClass | None:
+    """A failed check whose requests were answered is the model's; one left unanswered, the engine's."""
+    if row.outcome.ok is not False:
+        return None
+    return FailureClass.ENGINE if row.unserved else FailureClass.MODEL

@@ -33,6 +33,7 @@ from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply
 from k3deploy.stage import StageResult, Verdict, now
 from k3deploy.tasks.launch.steps import remove_run_containers
 from k3deploy.tasks.run_report import write_report
+from k3deploy.tasks.stage_run import error_cause
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
 
@@ -83,7 +84,8 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     except StageFailed as err:
         result = err.result
     except K3DeployError as err:  # a stage that failed before it could gather findings
-        result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=str(err), started_at=started)
+        result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=str(err), started_at=started,
+                             failure=error_cause(err, None))  # fmt: skip
     _tell(stage.name, result)
     return result
 

@@ -74,6 +74,8 @@ def print_record(console: Console, record: RunRecord) -> None:
     )
     console.print(f"config {record.config_fingerprint}: {len(record.config['cluster']['nodes'])} nodes")
     console.print(stage_table(record.stages))
+    if record.failure is not None:
+        console.print(f"failed at {record.failed_stage}: {record.failure.describe()}", markup=False, highlight=False)
     for stage in record.stages:
         for line in failure_lines(stage.findings, limit=10):
             console.print(f"  {stage.stage}: {line}", markup=False, highlight=False)

@@ -6,7 +6,7 @@ and say what was expected. Secrets never appear in a message.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from k3deploy.stage import StageResult
@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 class K3DeployError(Exception):
     """Base of every error k3deploy raises on purpose."""
 
+    # Whose problem it is (a k3deploy.stage.FailureClass value); None: the failing stage's own default.
+    failure_class: ClassVar[str | None] = None
+
 
 class ConfigError(K3DeployError):
     """The configuration document is invalid; raised before anything touches a node."""
+
+    failure_class = "configuration"
 
     def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
         self.problems = problems
@@ -29,6 +34,8 @@ class ConfigError(K3DeployError):
 
 class TeardownIncomplete(K3DeployError):
     """Teardown removed what it could; some nodes were not cleared (unreachable, untrusted, or a server stuck)."""
+
+    failure_class = "infrastructure"
 
     def __init__(self, removed: dict[str, list[str]], problems: dict[str, str]) -> None:
         self.removed, self.problems = removed, problems
@@ -46,9 +53,13 @@ class TeardownIncomplete(K3DeployError):
 class ClusterBusy(K3DeployError):
     """Another run holds the cluster (and this one was told to refuse, or waited long enough)."""
 
+    failure_class = "infrastructure"
+
 
 class UnreadableEvidence(K3DeployError, ValueError):
     """A tool's output or a run record is damaged or is not what it writes; the message names the file and key."""
+
+    failure_class = "tool"
 
 
 class NodeError(K3DeployError):
@@ -59,8 +70,16 @@ class NodeError(K3DeployError):
         self.node = node
 
 
+class ToolFailed(NodeError):
+    """The bench tool or an evaluator crashed, timed out or wrote nothing readable on a node."""
+
+    failure_class = "tool"
+
+
 class ServiceLost(NodeError):
     """A server of the run exited, logged a fatal line or got stuck while a stage was using the service."""
+
+    failure_class = "engine"
 
     def __init__(self, stage: str, node: str, rank: int, reason: str) -> None:
         self.stage, self.rank, self.reason = stage, rank, reason
@@ -72,6 +91,8 @@ class ServiceLost(NodeError):
 
 class TransportError(K3DeployError):
     """A node could not be reached or talked to."""
+
+    failure_class = "infrastructure"
 
     def __init__(self, host: str, message: str) -> None:
         self.host = host
@@ -108,6 +129,8 @@ class CommandFailed(TransportError):
 class HubError(K3DeployError):
     """A model hub could not list or serve a checkpoint."""
 
+    failure_class = "infrastructure"
+
 
 class StageFailed(K3DeployError):
     """A stage ended with a failed verdict; `result` (a StageResult) carries every finding."""
@@ -128,37 +151,55 @@ class StageFailed(K3DeployError):
 class PreflightFailed(StageFailed):
     """A node is unreachable, untrusted, or lacks what the deployment needs."""
 
+    failure_class = "infrastructure"
+
 
 class ModelsStageFailed(StageFailed):
     """A checkpoint is missing, corrupt, different across nodes, or does not fit the deployment."""
+
+    failure_class = "infrastructure"
 
 
 class CommStageFailed(StageFailed):
     """A node, NPU or link failed a communication check."""
 
+    failure_class = "infrastructure"
+
 
 class ImageStageFailed(StageFailed):
     """The nodes do not all hold one image, or it lacks what Kimi-K3 needs."""
+
+    failure_class = "infrastructure"
 
 
 class LaunchStageFailed(StageFailed):
     """The service did not come up: a fatal line, a container exit, or the ready timeout."""
 
+    failure_class = "engine"
+
 
 class SmokeStageFailed(StageFailed):
     """A smoke check failed: a request failed or its answer lacked what the check asserts."""
+
+    failure_class = "model"
 
 
 class BenchStageFailed(StageFailed):
     """A benchmark request failed, the tool failed, or a metric missed its baseline."""
 
+    failure_class = "engine"
+
 
 class AccuracyStageFailed(StageFailed):
     """An evaluator failed, lost samples, or its score is off its baseline."""
 
+    failure_class = "model"
+
 
 class TeardownFailed(StageFailed):
     """A node's containers could not all be removed, or the node could not be reached."""
+
+    failure_class = "infrastructure"
 
 
 class ValidateFailed(K3DeployError):

@@ -19,6 +19,7 @@ from typing import Any
 
 from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
+from k3deploy.stage import FailureClass
 from k3deploy.tasks.bench.results import HEADLINE, higher_is_better
 from k3deploy.tasks.bench.results import compare as bench_compare
 
@@ -260,6 +261,14 @@ def missing(have: dict[str, Figure], expected: dict[str, str]) -> list[MetricVer
     ]
 
 
+def not_about_performance(record: RunRecord) -> bool:
+    """A run failed by its site or its measuring tool says nothing of the deployment's speed: never REGRESSED."""
+    return record.failure is not None and record.failure.failure_class in (
+        FailureClass.INFRASTRUCTURE,
+        FailureClass.TOOL,
+    )
+
+
 def compare(
     record: RunRecord,
     candidates: Iterable[RunRecord],
@@ -291,7 +300,7 @@ def compare(
     verdicts += _config_baselines(record)
     found = {v.verdict for v in verdicts}
     overall = next((v for v in (Verdict.REGRESSED, Verdict.MISSING, Verdict.INCONCLUSIVE) if v in found), Verdict.PASS)
-    if not verdicts:
+    if not verdicts or not_about_performance(record):
         overall = Verdict.INCONCLUSIVE
     last_pass = history[-1] if history else None
     changes = changes_between(last_pass, record) if last_pass is not None else []

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, Strict
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, UnreadableEvidence
-from k3deploy.stage import StageResult, Verdict
+from k3deploy.stage import FailureCause, StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "run-record.schema.json"
@@ -66,6 +66,7 @@ class RunRecord(BaseModel):
     ended_at: datetime
     verdict: Literal["pass", "fail"]
     failed_stage: str | None = Field(default=None, description="The first stage that failed.")
+    failure: FailureCause | None = Field(default=None, description="That stage's failure: class and evidence.")
     config_fingerprint: str
     config: dict[str, Any] = Field(description="The deployment as run, secrets left out (null).")
     node_facts: dict[str, dict[str, Any]] = Field(default_factory=dict, description="node → fact → value")
@@ -232,7 +233,8 @@ def build_record(
 ) -> RunRecord:
     """The record of a run from its stages' results: provenance is read from their stage data."""
     by_name = {s.stage: s for s in stages}
-    failed = next((s.stage for s in stages if s.verdict is Verdict.FAIL), None)
+    first = next((s for s in stages if s.verdict is Verdict.FAIL), None)
+    failed = first.stage if first else None
     preflight = by_name.get("preflight")
     models = by_name.get("models")
     image = by_name.get("image")
@@ -244,6 +246,7 @@ def build_record(
         ended_at=ended_at,
         verdict="fail" if failed else "pass",
         failed_stage=failed,
+        failure=first.failure if first else None,
         config_fingerprint=cfg.fingerprint(),
         config=public_config(cfg),
         node_facts=preflight.data.get("nodes", {}) if preflight else {},

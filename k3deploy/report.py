@@ -115,7 +115,8 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
     """The run at a glance: verdicts, bench and accuracy tables, the comparison, where everything is."""
     lines = [f"# validate {record.run_name or ''}: {record.verdict.upper()}", ""]
     if record.failed_stage:
-        lines += [f"Failed at **{record.failed_stage}**.", ""]
+        cause = f" — {record.failure.describe()}" if record.failure else ""
+        lines += [f"Failed at **{record.failed_stage}**{cause}", ""]
     if comparison is not None:
         lines += [
             f"Regression verdict: **{comparison.verdict.value}** against "

@@ -21,15 +21,40 @@ class Verdict(StrEnum):
     NOT_APPLICABLE = "not-applicable"
 
 
+class FailureClass(StrEnum):
+    """Whose problem a failure is: what a team acts on without reading logs."""
+
+    INFRASTRUCTURE = "infrastructure"  # node, SSH, host key, NPU link or health, disk, registry, hub
+    ENGINE = "engine"  # a fatal line, a rank's death, a stuck rank, a start-up failure, failed requests
+    MODEL = "model"  # answers or scores wrong on a healthy engine
+    TOOL = "tool"  # the bench tool or an evaluator crashed, or its output is unreadable or not valid evidence
+    CONFIGURATION = "configuration"  # the deployment asks for what cannot be
+
+
 @dataclass(frozen=True)
 class Finding:
     """One row of what a stage checked: the subject (a node, 'node1 NPU 3', a checkpoint, a request),
-    the check, the outcome, and the value seen or what is wrong and where."""
+    the check, the outcome, and the value seen or what is wrong and where. A failed finding may say
+    whose problem it is (`cause`); otherwise its stage's default class applies."""
 
     subject: str
     check: str
     ok: bool
     detail: str = ""
+    cause: FailureClass | None = None
+
+
+class FailureCause(BaseModel):
+    """Why a stage failed, as a class and the evidence for it."""
+
+    failure_class: FailureClass
+    evidence: str = Field(description="The line, finding or message that shows the cause.")
+    node: str | None = None
+    dp_rank: int | None = None
+
+    def describe(self) -> str:
+        where = (self.node or "") + (f" (DP rank {self.dp_rank})" if self.dp_rank is not None else "")
+        return f"{self.failure_class.value}: " + (f"{where}: " if where else "") + self.evidence
 
 
 def now() -> datetime:
@@ -46,6 +71,7 @@ class StageResult(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     data: dict[str, Any] = Field(default_factory=dict, description="Stage data for the run record (no secrets).")
     artifacts: list[str] = Field(default_factory=list, description="Keys of the Prefect artifacts published.")
+    failure: FailureCause | None = Field(default=None, description="A failed stage's class and evidence.")
     started_at: datetime = Field(default_factory=now)
     ended_at: datetime = Field(default_factory=now)
 

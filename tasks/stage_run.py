@@ -15,7 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from k3deploy.errors import K3DeployError, ServiceLost, StageFailed
-from k3deploy.stage import Finding, StageResult, Verdict, failure_lines, now
+from k3deploy.stage import FailureCause, FailureClass, Finding, StageResult, Verdict, failure_lines, now
 
 
 class StageRun:
@@ -86,9 +86,20 @@ class StageRun:
     def not_applicable(self, reason: str) -> StageResult:
         return self.publish(self.result(Verdict.NOT_APPLICABLE, reason=reason))
 
-    def failed(self, reason: str, summary: str = "") -> NoReturn:
-        """Publish the failure and raise the stage's StageFailed carrying the result."""
-        raise self.failure(self.publish(self.result(Verdict.FAIL, reason=reason, summary=summary)))
+    def failed(self, reason: str, summary: str = "", cause: FailureCause | None = None) -> NoReturn:
+        """Publish the failure and raise the stage's StageFailed carrying the result, with its class and
+        evidence: `cause` when the stage knows it, else its first failed finding's, else the stage's own."""
+        result = self.result(Verdict.FAIL, reason=reason, summary=summary)
+        result.failure = cause or self._cause(reason)
+        raise self.failure(self.publish(result))
+
+    def _cause(self, reason: str) -> FailureCause:
+        default = FailureClass(self.failure.failure_class or FailureClass.ENGINE)
+        bad = next((f for f in self.findings if not f.ok), None)
+        if bad is None:
+            return FailureCause(failure_class=default, evidence=reason)
+        evidence = f"{bad.subject}: {bad.check}: {bad.detail}"
+        return FailureCause(failure_class=bad.cause or default, evidence=evidence)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[StageRun]:
@@ -100,6 +111,15 @@ class StageRun:
         except ServiceLost as err:  # the stage's own finding: which rank was lost, how
             self.findings.append(Finding(f"{err.node} (DP rank {err.rank})", "serving", False, err.reason))
             self.data["service_lost"] = {"node": err.node, "rank": err.rank, "reason": err.reason}
-            self.failed(str(err))
+            self.failed(str(err), cause=FailureCause(failure_class=FailureClass.ENGINE, evidence=err.reason,
+                                                     node=err.node, dp_rank=err.rank))  # fmt: skip
         except K3DeployError as err:
-            self.failed(str(err))
+            self.failed(str(err), cause=error_cause(err, self.failure.failure_class))
+
+
+def error_cause(err: K3DeployError, default: str | None) -> FailureCause:
+    """An error's class (its own, else the stage's default) and the node it names, if any."""
+    chosen = err.failure_class or default or FailureClass.ENGINE
+    node = getattr(err, "node", None) or getattr(err, "host", None)
+    evidence = str(err).removeprefix(f"{node}: ") if node else str(err)
+    return FailureCause(failure_class=FailureClass(chosen), evidence=evidence, node=node)

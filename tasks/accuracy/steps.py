@@ -15,7 +15,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.accuracy import AisBenchSettings, EvaluatorEnvironment, LmEvalSettings
 from k3deploy.blocks.image import ServingEnvironment
-from k3deploy.errors import NodeError
+from k3deploy.errors import ToolFailed
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, count_lines, dataset_hash, lm_eval_scores
 from k3deploy.tasks.image.environment import provision_script
@@ -51,7 +51,7 @@ def _run(name: str, command: str, timeout: float, log: Path, stop: threading.Eve
     done = run_stoppable_on(LocalTransport(HERE), command, timeout, stop, _shown(name, lines))
     log.write_text("\n".join(lines) + "\n")
     if done.exit_code != 0:
-        raise NodeError(HERE, f"{name} exited {done.exit_code}:\n" + "\n".join(lines[-TAIL_LINES:]))
+        raise ToolFailed(HERE, f"{name} exited {done.exit_code}:\n" + "\n".join(lines[-TAIL_LINES:]))
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -69,7 +69,7 @@ def run_lm_eval(
     _run("lm_eval", command, settings.timeout_s, folder / "lm_eval.log", stop)
     results = sorted(output.rglob("results_*.json"))
     if not results:
-        raise NodeError(HERE, f"lm_eval wrote no results_*.json under {output}")
+        raise ToolFailed(HERE, f"lm_eval wrote no results_*.json under {output}")
     samples = {}
     for name in settings.tasks:
         files = sorted(output.rglob(f"samples_{name}_*.jsonl"))
@@ -81,7 +81,7 @@ def run_lm_eval(
         return lm_eval_scores(Evidence(str(results[-1]), results[-1].read_text()), samples, settings.tasks, sizes,
                               settings.metric, data)  # fmt: skip
     except ValueError as err:
-        raise NodeError(HERE, str(err)) from None
+        raise ToolFailed(HERE, str(err)) from None
 
 
 def task_sizes(settings: LmEvalSettings) -> dict[str, int]:
@@ -119,7 +119,7 @@ def run_ais_bench(
          folder / "ais_bench.log", stop)  # fmt: skip
     summaries = sorted(work.rglob("summary_*.csv"))
     if not summaries:
-        raise NodeError(HERE, f"AISBench wrote no summary_*.csv under {work}")
+        raise ToolFailed(HERE, f"AISBench wrote no summary_*.csv under {work}")
     run_dir = summaries[-1].parents[1]
     dataset_file = Path(settings.dataset_path)
     dataset = dataset_file.name.split(".")[0]  # AISBench names a custom dataset after its file
@@ -133,4 +133,4 @@ def run_ais_bench(
         return ais_scores(Evidence(str(summaries[-1]), summaries[-1].read_text()), predictions, failures, sizes,
                           version.check().stdout.strip(), data)  # fmt: skip
     except ValueError as err:
-        raise NodeError(HERE, str(err)) from None
+        raise ToolFailed(HERE, str(err)) from None

@@ -22,7 +22,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import CommandTimeout, NodeError, UnreadableEvidence
+from k3deploy.errors import CommandTimeout, NodeError, ToolFailed, UnreadableEvidence
 from k3deploy.tasks.bench.results import (
     BenchRun,
     acceptance,
@@ -168,13 +168,13 @@ def run_bench(
             done = beside.run_beside(node, command, cfg.bench.timeout_s, show, stop)
         except CommandTimeout:
             tail = "\n".join(lines[-TAIL_LINES:])
-            raise NodeError(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) killed after "
+            raise ToolFailed(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) killed after "
                                        f"bench.timeout_s {cfg.bench.timeout_s:g} s:\n{tail}") from None  # fmt: skip
         finally:
             (folder / name.replace(".json", ".log")).write_text("\n".join(lines) + "\n")
         if done.exit_code != 0:
             tail = "\n".join(lines[-TAIL_LINES:])
-            raise NodeError(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "
+            raise ToolFailed(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "
                                        f"{done.exit_code}:\n{tail}")  # fmt: skip
         saved = f"{where}/{shlex.quote(name)}"
         text = beside.run_beside(node, f"cat {saved}", 120).check().stdout
@@ -191,7 +191,7 @@ def run_bench(
     except ValueError as err:
         kept = folder / f"{name}.unreadable"
         kept.write_text(text)
-        raise NodeError(node.node, f"{cfg.bench.result_dir}/{name} (kept as {kept}): {err}") from None
+        raise ToolFailed(node.node, f"{cfg.bench.result_dir}/{name} (kept as {kept}): {err}") from None
     spec_file, cache_file = _sidecars(folder / name)
     for sidecar, found in ((spec_file, spec), (cache_file, cache)):  # first: the JSON marks the run as measured
         if found is not None:

@@ -24,6 +24,7 @@ class Row:
     check: str
     outcome: Outcome
     seconds: float
+    unserved: int = 0  # requests that got no answer or a 5xx: the engine's failure, not the model's
 
     @property
     def verdict(self) -> str:
@@ -58,6 +59,7 @@ def run_check(
     """Drive one check to its outcome; `on_step` sees every request and its reply (to record real replies)."""
     started = time.monotonic()
     steps = check.run(ctx)
+    unserved = 0
     try:
         step = next(steps)
         while True:
@@ -69,10 +71,15 @@ def run_check(
                 answer = send(http, step, timeout)
             if on_step is not None:
                 on_step(step, answer)
+            unserved += sum(reply.status == 0 or reply.status >= 500 for reply in _replies(answer))
             step = steps.send(answer)
     except StopIteration as done:
         outcome = done.value
-    return Row(check.name, outcome, round(time.monotonic() - started, 3))
+    return Row(check.name, outcome, round(time.monotonic() - started, 3), unserved)
+
+
+def _replies(answer: Answer) -> list[Reply]:
+    return answer if isinstance(answer, list) else [answer]
 
 
 def run_checks(

@@ -194,6 +194,8 @@ def test_the_random_weight_checkpoint_fails_tool_call_and_reasoning_with_a_reaso
     checks = {c["check"]: (c["verdict"], c["detail"]) for c in smoke["data"]["checks"]}
     assert checks["chat"][0] == "pass" and checks["streaming"][0] == "pass" and checks["every DP rank"][0] == "pass"
     assert checks["tool call"][0] == "fail" and checks["tool call"][1].startswith("no tool_calls entry")
+    failure = document["failure"]  # answered, but wrongly: the model's problem, named by its first failed check
+    assert failure["failure_class"] == "model" and ": tool call: no tool_calls entry" in failure["evidence"], failure
     assert checks["reasoning"] == (
         "fail",
         "reasoning did not end within 1024 tokens: nothing after the reasoning (finish_reason length)",

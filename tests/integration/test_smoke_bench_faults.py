@@ -7,8 +7,10 @@ environment, so the failed count is the real tool's (tests/standin_profile.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -149,6 +151,9 @@ def test_a_fatal_line_while_serving_fails_smoke_naming_node_rank_and_line(prefec
     lost = failed.value.result.data["service_lost"]
     assert (lost["node"], lost["rank"]) == ("local1", 1)
     assert lost["reason"].startswith("fatal log line (") and lost["reason"].endswith(f": {line}")
+    cause = failed.value.result.failure  # whose problem: the engine's, with the line as its evidence
+    assert cause is not None and (cause.failure_class, cause.node, cause.dp_rank) == ("engine", "local1", 1)
+    assert cause.evidence.endswith(line)
     assert os.killpg(rank_pid(tmp_path, 1), 0) is None  # still running: the log line alone failed the stage
 
 
@@ -174,6 +179,39 @@ def test_a_rank_killed_during_bench_stops_the_tool_and_fails_the_run_naming_it(p
     again = validate(config=config, only=["launch", "bench"], return_state=True)  # the rerun recovers
     assert run_record(again)["verdict"] == "pass"
     assert nothing_serving(tmp_path)
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+@needs_vllm_env
+def test_the_bench_tool_killed_mid_run_is_a_tool_failure_in_the_record_never_a_regression(
+    prefect_server, deployment, tmp_path
+):
+    config, control = deployment
+    control.write_text(json.dumps({"K3SIM_TOKEN_S": "0.1"}))  # ~16 s of bench: time to be killed in
+
+    def kill_the_tool() -> None:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                raw = cmdline.read_bytes()
+                if str(tmp_path).encode() in raw and re.search(rb"bench[\0 ]serve", raw):
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+
+    killer = once_serving(config, tmp_path, kill_the_tool)
+    state = validate(config=config, only=["launch", "bench"], return_state=True)
+    killer.join()
+    record = run_record(state)
+    assert record["failed_stage"] == "bench"
+    failure = record["failure"]
+    assert failure["failure_class"] == "tool" and failure["node"] == "local0", failure
+    assert failure["evidence"].startswith("vllm bench serve (random, concurrency 2) exited "), failure
+    assert nothing_serving(tmp_path)
+
+    from k3deploy.history import Verdict, compare
+    from k3deploy.record import load_record
+
+    loaded = load_record(runs_dir() / record["run_id"] / "record.json")
+    assert compare(loaded, []).verdict is Verdict.INCONCLUSIVE  # the tool's failure says nothing of speed
 
 
 @pytest.mark.bench

@@ -38,6 +38,8 @@ def test_an_unreachable_cluster_fails_preflight_and_skips_every_later_stage(pref
     record = json.loads((runs_dir() / str(state.state_details.flow_run_id) / "record.json").read_text())
     verdicts = {s["stage"]: s["verdict"] for s in record["stages"]}
     assert verdicts["preflight"] == "fail" and record["failed_stage"] == "preflight"
+    assert record["failure"]["failure_class"] == "infrastructure"  # the site's problem, not the deployment's
+    assert record["failure"]["evidence"].startswith("node0: "), record["failure"]
     assert [verdicts[s] for s in ("models", "comm", "image", "launch")] == ["skipped"] * 4
     assert verdicts["teardown"] == "fail"  # it ran, and says it could not reach the nodes
     skipped = next(s for s in record["stages"] if s["stage"] == "image")
