@@ -31,10 +31,11 @@ MAX_KEPT_FATALS = 100  # fatal events kept by a watcher; a node can repeat one f
 MIN_ANCHOR = 3  # shorter required literals would make the pre-filter fire on most lines
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
-Kind = Literal["milestone", "fatal"]
+Kind = Literal["milestone", "fatal", "user_text"]
 _ENTRY_KEYS = {
     "fatal": {"id", "pattern", "why", "capture", "examples"},
     "milestone": {"id", "pattern", "capture", "examples"},
+    "user_text": {"id", "pattern", "why", "examples"},
 }
 
 
@@ -59,19 +60,24 @@ class LinePattern:
 
 @dataclass(frozen=True)
 class Patterns:
-    """The compiled patterns plus the pre-filter built from their required literals."""
+    """The compiled patterns plus the pre-filter built from their required literals.
+
+    A line is named by the first fatal pattern that matches it (file order: specific causes before the
+    families), and a line that quotes user text (`user_text`, e.g. vLLM's request logger) matches nothing.
+    """
 
     fatal: tuple[LinePattern, ...]
     milestones: tuple[LinePattern, ...]
     prefilter: re.Pattern[str] | None  # None when no pattern has a usable required literal
     unanchored: tuple[LinePattern, ...]  # patterns without one: searched on every line
+    user_text: tuple[LinePattern, ...] = ()  # searched only on a line that matched something
 
     @cached_property
     def all(self) -> tuple[LinePattern, ...]:
         return self.fatal + self.milestones
 
     def match(self, line: str) -> list[tuple[LinePattern, str | None]]:
-        """Every pattern found in `line` (fatal first, file order) with its captured value."""
+        """The first fatal pattern and every milestone found in `line`, with their captured values."""
         if self.prefilter is not None and self.prefilter.search(line) is None:
             candidates = self.unanchored
             if not candidates:
@@ -84,11 +90,17 @@ class Patterns:
         self, line: str, candidates: Iterable[LinePattern] | None = None
     ) -> list[tuple[LinePattern, str | None]]:
         """The same answer as `match`, by searching every pattern (the reference, and the benchmark's baseline)."""
-        hits = []
+        hits: list[tuple[LinePattern, str | None]] = []
+        named = False  # a fatal pattern already named this line
         for pattern in self.all if candidates is None else candidates:
+            if named and pattern.kind == "fatal":
+                continue
             found = pattern.regex.search(line)
             if found is not None:
                 hits.append((pattern, pattern.value(found)))
+                named = named or pattern.kind == "fatal"
+        if hits and any(quoting.regex.search(line) for quoting in self.user_text):
+            return []
         return hits
 
 
@@ -108,14 +120,20 @@ def compile_patterns(data: Any, source: str = "<patterns>") -> Patterns:
         not isinstance(data, dict)
         or not isinstance(data.get("fatal"), list)
         or not isinstance(data.get("milestones"), list)
+        or not isinstance(data.get("user_text", []), list)
     ):
-        raise ConfigError([("", "expected an object with lists 'fatal' and 'milestones'")], source)
+        expected = "expected an object with lists 'fatal', 'milestones' and (optional) 'user_text'"
+        raise ConfigError([("", expected)], source)
     problems: list[tuple[str, str]] = []
     seen: set[str] = set()
-    compiled: dict[str, list[LinePattern]] = {"fatal": [], "milestones": []}
-    sections: tuple[tuple[str, Kind], ...] = (("fatal", "fatal"), ("milestones", "milestone"))
+    compiled: dict[str, list[LinePattern]] = {"fatal": [], "milestones": [], "user_text": []}
+    sections: tuple[tuple[str, Kind], ...] = (
+        ("fatal", "fatal"),
+        ("milestones", "milestone"),
+        ("user_text", "user_text"),
+    )
     for section, kind in sections:
-        for index, entry in enumerate(data[section]):
+        for index, entry in enumerate(data.get(section, [])):
             pattern = _compile_entry(kind, entry, f"{section}[{index}]", seen, problems)
             if pattern is not None:
                 compiled[section].append(pattern)
@@ -131,7 +149,7 @@ def compile_patterns(data: Any, source: str = "<patterns>") -> Patterns:
         else:
             anchors += literals
     prefilter = re.compile(_trie(anchors)) if anchors else None
-    return Patterns(fatal, milestones, prefilter, tuple(unanchored))
+    return Patterns(fatal, milestones, prefilter, tuple(unanchored), tuple(compiled["user_text"]))
 
 
 def _compile_entry(
@@ -156,7 +174,7 @@ def _compile_entry(
     for key in ("why", "capture"):
         if key in entry and not (isinstance(entry[key], str) and entry[key]):
             problems.append((f"{where}.{key}", "must be a non-empty string"))
-    if kind == "fatal" and "why" not in entry:
+    if kind != "milestone" and "why" not in entry:
         problems.append((f"{where}.why", "is required: one line saying what to do"))
     source = entry.get("pattern")
     if not (isinstance(source, str) and source):

@@ -105,7 +105,8 @@ class LaunchMonitor:
         self.buffers[node].append(text)
         for event in self.watcher.feed(node, rank, text):
             if event.kind == "fatal":
-                reason = f"fatal log line ({event.why})" if event.why else "fatal log line"
+                cause = f"{event.id} {event.value}" if event.value else event.id  # e.g. cann_error_code EL0004
+                reason = f"fatal log line {cause} ({event.why})" if event.why else f"fatal log line {cause}"
                 self.fail(Failure(node, rank, reason, event.line, time.time(), emitted))
 
     def _wait_exit(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:

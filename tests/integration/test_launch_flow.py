@@ -63,7 +63,7 @@ def test_fatal_line_in_one_worker_fails_the_launch_naming_it_and_nothing_is_left
         launch(config=launch_config(testbed, tmp_path, startup_s=600))  # it would never be ready
     failure = failed.value.result.data["failed_rank"]
     assert (failure["node"], failure["rank"]) == ("node2", 2)
-    assert failure["line"] == line and "fatal log line" in failure["reason"]
+    assert failure["line"] == line and failure["reason"].startswith("fatal log line npu_oom (")
     assert failure["emitted_at"] is not None and failure["seen_at"] >= failure["emitted_at"]
     summary = latest_artifact("launch-summary")  # the UI shows why, and node2's last lines, for a failure too
     assert "# launch: FAIL" in summary and "node2 (DP rank 2): fatal log line" in summary

@@ -150,7 +150,7 @@ def test_a_fatal_line_while_serving_fails_smoke_naming_node_rank_and_line(prefec
         smoke(config=config)
     lost = failed.value.result.data["service_lost"]
     assert (lost["node"], lost["rank"]) == ("local1", 1)
-    assert lost["reason"].startswith("fatal log line (") and lost["reason"].endswith(f": {line}")
+    assert lost["reason"].startswith("fatal log line collective_timeout (") and lost["reason"].endswith(f": {line}")
     cause = failed.value.result.failure  # whose problem: the engine's, with the line as its evidence
     assert cause is not None and (cause.failure_class, cause.node, cause.dp_rank) == ("engine", "local1", 1)
     assert cause.evidence.endswith(line)
