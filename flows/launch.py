@@ -91,8 +91,9 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
         if error.failure is not None:
             run.data["failed_rank"] = asdict(error.failure)
             lost = error.failure
-            cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=lost.line or lost.reason,
-                                 node=lost.node, dp_rank=lost.rank)  # fmt: skip
+            evidence = f"{lost.reason}: {lost.line}" if lost.line else lost.reason  # the cause, then the line
+            cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=evidence, node=lost.node,
+                                 dp_rank=lost.rank)  # fmt: skip
         run.failed(str(error), cause=cause)
     ranks = cfg.serve.data_parallel_size
     return run.passed(f"ready in {record.time_to_ready_s} s, {ranks} DP ranks, {record.burst_requests} requests")

@@ -105,6 +105,8 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         f"run {comparison.run_id}: [{style}]{comparison.verdict.value}[/] against "
         f"{len(comparison.history_runs)} earlier passing run(s) of config family {comparison.family}"
     )
+    if comparison.why:
+        console.print(f"  {comparison.why}", markup=False, highlight=False)
     table = Table("figure", "value", "verdict", "why")
     for m in comparison.metrics:
         value = "missing" if m.value is None else f"{m.value:.4g}"

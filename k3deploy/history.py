@@ -91,6 +91,7 @@ class Comparison:
     changes: list[str] = field(default_factory=list)  # provenance changed since the last pass
     last_pass: str | None = None
     unreadable: list[str] = field(default_factory=list)  # records of the store left out: "path: why"
+    why: str | None = None  # why the verdict is not the figures' (a run failed by its site or its tool)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +102,7 @@ class Comparison:
             "last_pass": self.last_pass,
             "changes": self.changes,
             "unreadable": self.unreadable,
+            "why": self.why,
             "metrics": [m.__dict__ | {"verdict": m.verdict.value, "history": list(m.history)} for m in self.metrics],
         }
 
@@ -300,7 +302,12 @@ def compare(
     verdicts += _config_baselines(record)
     found = {v.verdict for v in verdicts}
     overall = next((v for v in (Verdict.REGRESSED, Verdict.MISSING, Verdict.INCONCLUSIVE) if v in found), Verdict.PASS)
-    if not verdicts or not_about_performance(record):
+    why = None
+    if not_about_performance(record) and record.failure is not None:
+        overall = Verdict.INCONCLUSIVE
+        why = (f"failed at {record.failed_stage} by its {record.failure.failure_class.value}, "
+               "which says nothing of the deployment's speed")  # fmt: skip
+    elif not verdicts:
         overall = Verdict.INCONCLUSIVE
     last_pass = history[-1] if history else None
     changes = changes_between(last_pass, record) if last_pass is not None else []
@@ -315,6 +322,7 @@ def compare(
         changes=changes,
         last_pass=last_pass.run_id if last_pass else None,
         unreadable=list(unreadable),
+        why=why,
     )
 
 

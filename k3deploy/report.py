@@ -123,6 +123,7 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
             f"{len(comparison.history_runs)} earlier passing run(s) of this config family.",
             "",
         ]
+        lines += [f"The run {comparison.why}.", ""] if comparison.why else []
         lines += [f"- changed since the last pass: {c}" for c in comparison.changes[:20]]
         lines += [f"- left out of the history, unreadable: {u}" for u in comparison.unreadable] + [""]
     lines += ["## Stages", "", *_md_table(stage_rows(record)), "", "## Bench", "", *_md_table(bench_rows(record))]
@@ -288,6 +289,8 @@ def html_page(
             f"<p>Regression verdict: <b style='color:{vc}'>{comparison.verdict.value}</b> against "
             f"{len(comparison.history_runs)} earlier passing run(s) of this config family.</p>"
         )
+        if comparison.why:
+            parts.append(f"<p>The run {_e(comparison.why)}.</p>")
         if comparison.changes:
             items = "".join(f"<li>{_e(c)}</li>" for c in comparison.changes[:30])
             parts.append(f"<p>Changed since the last pass ({_e(comparison.last_pass)}):</p><ul>{items}</ul>")

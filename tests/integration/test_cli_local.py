@@ -80,5 +80,7 @@ def test_a_run_refused_at_preflight_prints_its_reason_and_the_table_and_no_trace
         ["teardown", "pass"]
     ]
     assert len(out.stdout.splitlines()) <= 32, out.stdout
+    words = " ".join(out.stdout.split())  # the table's terminal may wrap the line
+    assert f"failed at preflight: infrastructure: local0: ports: service_port {port} is taken" in words, out.stdout
     text = log_file(out.stdout).read_text()
     assert "Finished in state Failed" in text  # Prefect's own account of the failure is in the file

@@ -181,6 +181,25 @@ def test_a_rank_killed_during_bench_stops_the_tool_and_fails_the_run_naming_it(p
     assert nothing_serving(tmp_path)
 
 
+@pytest.mark.launch
+def test_a_cann_error_in_a_rank_fails_the_run_as_an_engine_failure_named_by_its_family_in_the_record(
+    prefect_server, deployment, tmp_path
+):
+    """A real published CANN line no specific pattern knows (vllm-ascend#3479), printed by rank 1 at start-up."""
+    config, control = deployment
+    line = (
+        "(EngineCore_DP0 pid=3132) ERROR 10-15 16:32:16 [core.py:708] EL0004: [PID: 3132] "
+        "2025-10-15-16:32:16.417.528 Failed to allocate memory."
+    )
+    control.write_text(json.dumps({"K3SIM_FATAL_LINE_DP1": line, "K3SIM_FATAL_KEEP_RUNNING": "1"}))
+    record = run_record(validate(config=config, only=["launch", "smoke"], return_state=True))
+    assert (record["verdict"], record["failed_stage"]) == ("fail", "launch")
+    failure = record["failure"]
+    assert (failure["failure_class"], failure["node"], failure["dp_rank"]) == ("engine", "local1", 1), failure
+    assert "fatal log line cann_error_code EL0004 (" in failure["evidence"] and failure["evidence"].endswith(line)
+    assert nothing_serving(tmp_path)
+
+
 @pytest.mark.bench
 @pytest.mark.vllm
 @needs_vllm_env

@@ -19,6 +19,7 @@ from k3deploy.history import (
     figures,
 )
 from k3deploy.record import RunRecord
+from k3deploy.stage import FailureCause
 
 pytestmark = pytest.mark.report
 HISTORY = Path(__file__).parents[1] / "data" / "history" / "local-cpu"
@@ -57,6 +58,21 @@ def test_a_step_change_regresses_and_names_what_changed_since_the_last_pass():
     ]
     row = next(m for m in result.metrics if m.key == OUTPUT)
     assert "worse than every one of" in row.reason and row.low is not None and row.value < row.low
+
+
+@pytest.mark.parametrize(("failure_class", "verdict"), [("infrastructure", Verdict.INCONCLUSIVE),
+    ("tool", Verdict.INCONCLUSIVE), ("engine", Verdict.REGRESSED), ("model", Verdict.REGRESSED)])  # fmt: skip
+def test_a_run_failed_by_its_site_or_its_tool_is_never_a_regression(failure_class, verdict):
+    cause = FailureCause(failure_class=failure_class, evidence="node2: ssh: connection refused", node="node2")
+    failed = CHANGED[0].model_copy(update={"verdict": "fail", "failed_stage": "accuracy", "failure": cause})
+    result = compare(failed, RECORDS, last=10)
+    assert result.verdict is verdict  # its bench figures are as slow as ever: only the class decides
+    assert any(m.verdict is Verdict.REGRESSED for m in result.metrics)
+    if verdict is Verdict.INCONCLUSIVE:
+        assert result.why == f"failed at accuracy by its {failure_class}, which says nothing of the deployment's speed"
+        assert result.as_dict()["why"] == result.why
+    else:
+        assert result.why is None
 
 
 def test_too_short_a_history_is_inconclusive_saying_why():
