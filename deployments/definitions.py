@@ -21,7 +21,7 @@ from prefect.workers.process import ProcessWorker
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment

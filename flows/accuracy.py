@@ -13,12 +13,12 @@ from prefect import flow, runtime
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import AccuracyStageFailed, ConfigError
-from k3deploy.record import runs_dir
+from k3deploy.paths import run_folder
 from k3deploy.stage import FailureClass, Finding, StageResult
 from k3deploy.tasks.accuracy.results import Score, compare
 from k3deploy.tasks.accuracy.steps import provision_evaluator, run_ais_bench, run_lm_eval
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.liveness import watching
-from k3deploy.tasks.smoke.steps import base_url
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -30,7 +30,7 @@ def accuracy(config: ConfigSource) -> StageResult:
     run = StageRun("accuracy", AccuracyStageFailed)
     if not settings.evaluators:
         return run.not_applicable("no evaluator chosen (accuracy.evaluators: lm_eval, ais_bench)")
-    folder = (runs_dir() / str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id) / "accuracy").resolve()
+    folder = run_folder(str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id), "accuracy").resolve()
     scores: list[Score] = []
     with run.guard(), watching(cfg, "accuracy") as watch:
         # Relative dataset paths are taken from the folder k3deploy runs in (the evaluators run elsewhere).
@@ -49,7 +49,7 @@ def accuracy(config: ConfigSource) -> StageResult:
             chosen = lm if name == "lm_eval" else ais
             provision_evaluator(name, chosen.environment)
             found = (
-                watch.run(run_lm_eval, lm, cfg.serve.served_model_name, base_url(cfg), folder / name, watch.stop)
+                watch.run(run_lm_eval, lm, cfg.serve.served_model_name, service_url(cfg), folder / name, watch.stop)
                 if name == "lm_eval"
                 else watch.run(run_ais_bench, ais, cfg.serve.served_model_name, node0.serving_ip,
                                cfg.serve.service_port, folder / name, watch.stop)

@@ -17,7 +17,7 @@ from prefect import flow, runtime
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import BenchStageFailed
-from k3deploy.record import runs_dir
+from k3deploy.paths import run_folder
 from k3deploy.stage import FailureClass, Finding, StageResult
 from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, compare
@@ -32,7 +32,7 @@ def bench(config: ConfigSource) -> StageResult:
     """Each planned run passes when all its requests completed and its figures meet their baselines."""
     cfg = resolve_config(config)
     run = StageRun("bench", BenchStageFailed)
-    folder = runs_dir() / str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id) / "bench"
+    folder = run_folder(str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id), "bench")
     plan = render_plan(cfg)
     rows: list[dict[str, Any]] = []
     runs: list[BenchRun] = []

@@ -14,7 +14,7 @@ from prefect.logging import get_logger
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import LaunchStageFailed
-from k3deploy.record import runs_dir
+from k3deploy.paths import run_folder
 from k3deploy.stage import FailureCause, FailureClass, Finding, StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchFailed,
@@ -60,7 +60,7 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     run_id = str(runtime.flow_run.id)
     run = StageRun("launch", LaunchStageFailed)
     # Logs go to the run folder of the validate run this launch is part of (its own when run alone).
-    logs = runs_dir() / str(runtime.flow_run.root_flow_run_id or run_id) / "logs"
+    logs = run_folder(str(runtime.flow_run.root_flow_run_id or run_id), "logs")
     plan = render_plan(cfg, run_id=run_id)  # the same renderer as `k3deploy plan`
     run.section("Commands", f"```sh\n{plan.to_text()}\n```")
     _RUNNING[run_id] = cfg

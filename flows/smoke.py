@@ -9,9 +9,10 @@ from prefect import flow
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import SmokeStageFailed
 from k3deploy.stage import FailureClass, Finding, StageResult
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.smoke.driver import Row
-from k3deploy.tasks.smoke.steps import base_url, context, served_vision, smoke_checks
+from k3deploy.tasks.smoke.steps import context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -23,7 +24,7 @@ def smoke(config: ConfigSource) -> StageResult:
     with run.guard(), watching(cfg, "smoke") as watch:
         ctx = context(cfg, served_vision(cfg))
         rows = watch.run(smoke_checks, cfg, ctx, watch.stop)
-    url = base_url(cfg)
+    url = service_url(cfg)
     run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail, _cause(r)) for r in rows]
     run.table(
         "checks",

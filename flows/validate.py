@@ -30,9 +30,9 @@ from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, select
 from k3deploy.record import RunRecord, build_record, public_config, write_record
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
+from k3deploy.run_report import write_report
 from k3deploy.stage import StageResult, Verdict, now
 from k3deploy.tasks.launch.steps import remove_run_containers
-from k3deploy.tasks.run_report import write_report
 from k3deploy.tasks.stage_run import error_cause
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]

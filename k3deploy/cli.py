@@ -194,8 +194,8 @@ def run(
 def _print_run(run_id: str, state: Any, ui: str, log: Path) -> None:
     """The run's stage table, where its record and report are, and exit 1 unless it passed."""
     from k3deploy.cli_output import print_record
+    from k3deploy.paths import run_folder
     from k3deploy.record import RECORD_NAME, read_record
-    from k3deploy.record import runs_dir as runs_dir_now
 
     try:
         record = read_record(run_id)
@@ -203,7 +203,7 @@ def _print_run(run_id: str, state: Any, ui: str, log: Path) -> None:
         err.print(f"log: {log}")
         state.result()  # no record: the run failed before it could write one; raise why
         raise
-    folder = (runs_dir_now() / run_id).resolve()
+    folder = run_folder(run_id).resolve()
     out.print()
     print_record(out, record)
     out.print(f"run record: {folder / RECORD_NAME}")
@@ -334,7 +334,7 @@ def teardown(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
 def runs(runs_dir: RunsDir = None) -> None:
     """List the recorded runs, newest first, then one line for each record that cannot be read (exit 0)."""
     from k3deploy.cli_output import runs_table
-    from k3deploy.record import runs_dir as store
+    from k3deploy.paths import runs_dir as store
     from k3deploy.record import scan_records
 
     _set_runs_dir(runs_dir)
@@ -366,8 +366,8 @@ def report(
     figure REGRESSED or is MISSING. A record that cannot be read is one line naming it, exit 1.
     """
     from k3deploy.cli_output import print_comparison, print_record
+    from k3deploy.paths import runs_dir as store
     from k3deploy.record import read_record
-    from k3deploy.record import runs_dir as store
 
     _set_runs_dir(runs_dir)
     record = read_record(run_id)
@@ -378,7 +378,7 @@ def report(
             print_record(out, record)
         return
     from k3deploy.history import Verdict
-    from k3deploy.tasks.run_report import REPORT_HTML, write_report_files
+    from k3deploy.run_report import REPORT_HTML, write_report_files
 
     comparison, _links, _md = write_report_files(record, store(), last, baseline)
     if fmt is Format.json:

@@ -7,7 +7,6 @@ Its JSON Schema is `k3deploy/schemas/run-record.schema.json`, generated from Run
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -18,16 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, Strict
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, UnreadableEvidence
+from k3deploy.paths import runs_dir
 from k3deploy.stage import FailureCause, StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "run-record.schema.json"
 RECORD_NAME = "record.json"
-
-
-def runs_dir() -> Path:
-    """The runs store: $K3DEPLOY_RUNS_DIR, else ./runs; one folder per run (record, logs)."""
-    return Path(os.environ.get("K3DEPLOY_RUNS_DIR", "runs"))
 
 
 def k3deploy_version() -> str:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.serve import DERIVED_ENV
+from k3deploy.tasks.endpoints import service_url
 
 LABEL_PREFIX = "k3deploy"
 CONFIG_LABEL = f"{LABEL_PREFIX}.config"  # the fingerprint of the config a container runs
@@ -307,8 +308,7 @@ def bench_argv(
     """Seed section 8's `vllm bench serve` against node 0; `prefix_repetition` is the prefix-hit workload."""
     bench, serve = cfg.bench, cfg.serve
     concurrency = concurrency or bench.max_concurrency
-    base_url = f"http://{cfg.cluster.nodes[0].serving_ip}:{serve.service_port}"
-    argv = ["vllm", "bench", "serve", "--backend", bench.backend, "--base-url", base_url]
+    argv = ["vllm", "bench", "serve", "--backend", bench.backend, "--base-url", service_url(cfg)]
     argv += ["--endpoint", bench.endpoint, "--model", serve.served_model_name]
     argv += ["--tokenizer", str(cfg.models.tokenizer_path)]
     if serve.tokenizer_mode is not None:

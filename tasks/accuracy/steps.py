@@ -18,8 +18,8 @@ from k3deploy.blocks.image import ServingEnvironment
 from k3deploy.errors import ToolFailed
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, count_lines, dataset_hash, lm_eval_scores
-from k3deploy.tasks.image.environment import provision_script
-from k3deploy.tasks.launch.stoppable import run_stoppable_on
+from k3deploy.tasks.environment import provision_script
+from k3deploy.tasks.stoppable import run_stoppable_on
 from k3deploy.tasks.transport.base import OutputCallback
 from k3deploy.tasks.transport.local import LocalTransport
 

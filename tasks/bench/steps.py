@@ -32,9 +32,9 @@ from k3deploy.tasks.bench.results import (
     prefix_cache,
     required_figures,
 )
-from k3deploy.tasks.launch.runtime import serving_runtimes
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.render import Plan, bench_argv, bench_file
-from k3deploy.tasks.smoke.steps import base_url
+from k3deploy.tasks.runtime import serving_runtimes
 
 TAIL_LINES = 30
 
@@ -92,7 +92,7 @@ def reset_prefix_cache(cfg: DeploymentConfig, attempts: int = 20, pause_s: float
     """Empty the servers' prefix cache (bench.reset_prefix_cache), so no run is served from an earlier one's.
     vLLM answers {"success": false} while running requests still hold blocks: asked again, a bounded number of
     times."""
-    url, node = f"{base_url(cfg)}/reset_prefix_cache", cfg.cluster.nodes[0].name
+    url, node = f"{service_url(cfg)}/reset_prefix_cache", cfg.cluster.nodes[0].name
     for attempt in range(attempts):
         try:
             answer = httpx.post(url, timeout=cfg.smoke.request_timeout_s)
@@ -130,7 +130,7 @@ def _write_whole(path: Path, text: str) -> None:
 
 def read_metrics(cfg: DeploymentConfig) -> str:
     try:
-        return httpx.get(f"{base_url(cfg)}/metrics", timeout=cfg.smoke.request_timeout_s).text
+        return httpx.get(f"{service_url(cfg)}/metrics", timeout=cfg.smoke.request_timeout_s).text
     except httpx.HTTPError:
         return ""
 

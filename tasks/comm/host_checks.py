@@ -6,11 +6,11 @@ across nodes by `cross.consistent`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from k3deploy.tasks.comm.npu_checks import ToolPaths
-from k3deploy.tasks.comm.report import Finding, fail, first_line, ok, outcome
+from k3deploy.tasks.batch import first_line, outcome
+from k3deploy.tasks.comm.report import Finding, fail, ok
+from k3deploy.tasks.node_facts import ToolPaths, driver_version, firmware_version, listening
 
 
 def hccn_conf_cmd(tools: ToolPaths) -> list[str]:
@@ -23,19 +23,6 @@ def ip_link_cmd() -> list[str]:
 
 def ip_addr_cmd() -> list[str]:
     return ["ip", "-o", "addr", "show"]
-
-
-def listening_cmd() -> list[str]:
-    return ["ss", "-Hltn"]
-
-
-def version_info_cmd(tools: ToolPaths) -> list[str]:
-    return ["cat", tools.version_info]
-
-
-def board_info_cmd(tools: ToolPaths) -> list[str]:
-    """`npu-smi info -t board -i 0 -c 0`: Software and Firmware Version of board 0."""
-    return [tools.npu_smi, "info", "-t", "board", "-i", "0", "-c", "0"]
 
 
 # -- /etc/hccn.conf ----------------------------------------------------------------------------------
@@ -112,16 +99,6 @@ def parse_nic(node: str, nic: str, local_ip: str, links: str, addrs: str) -> lis
 # -- node 0's ports ----------------------------------------------------------------------------------
 
 
-def listening(ss_text: str) -> dict[int, str]:
-    """Port → the first `ss -Hltn` line listening on it."""
-    out: dict[int, str] = {}
-    for line in ss_text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and (m := re.search(r":(\d+)$", parts[3])):
-            out.setdefault(int(m[1]), line.strip())
-    return out
-
-
 def parse_ports(node: str, text: str, rc: int | None, ports: Mapping[str, int]) -> list[Finding]:
     """One row per named port (service_port, rpc_port): nothing listens on it yet."""
     if rc != 0:
@@ -135,18 +112,6 @@ def parse_ports(node: str, text: str, rc: int | None, ports: Mapping[str, int]) 
 
 
 # -- driver and firmware -----------------------------------------------------------------------------
-
-
-def driver_version(text: str) -> str | None:
-    """`Version=` of /usr/local/Ascend/driver/version.info."""
-    m = re.search(r"^Version=(\S+)", text, re.MULTILINE)
-    return m[1] if m else None
-
-
-def firmware_version(text: str) -> str | None:
-    """`Firmware Version : X` of `npu-smi info -t board`."""
-    m = re.search(r"^\s*Firmware Version\s*:\s*(\S+)", text, re.MULTILINE)
-    return m[1] if m else None
 
 
 def parse_version(node: str, check: str, text: str, rc: int | None) -> tuple[list[Finding], str | None]:

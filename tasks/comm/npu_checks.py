@@ -10,21 +10,11 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from k3deploy.tasks.comm.report import Finding, fail, first_line, ok, outcome
+from k3deploy.tasks.batch import first_line, outcome
+from k3deploy.tasks.comm.report import Finding, fail, ok
 from k3deploy.tasks.comm.topology import DIES_PER_BOARD, board_die, logical_id
-
-
-@dataclass(frozen=True)
-class ToolPaths:
-    """Where the tools live on a node (hccn_tool is often not on PATH on a real A3)."""
-
-    npu_smi: str = "/usr/local/bin/npu-smi"
-    hccn_tool: str = "/usr/local/Ascend/driver/tools/hccn_tool"
-    hccn_conf: str = "/etc/hccn.conf"
-    version_info: str = "/usr/local/Ascend/driver/version.info"
-
+from k3deploy.tasks.node_facts import ToolPaths
 
 # hccn_tool refuses concurrent use (hicann/driver cmd.c: `hccn_tool is busy, please try again.` on stdout; hccs_ping:
 # `The device is occupied. Please try again later.` on stderr): a call that says so is made again (batch.render_script).

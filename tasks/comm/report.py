@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from k3deploy.tasks.transport.base import TIMEOUT_EXIT_CODES
-
 Verdict = Literal["ok", "fail"]
 
 # Check names, in the order rows are shown for one NPU (the vLLM-Ascend guide's order).
@@ -69,18 +67,6 @@ def ok(node: str, npu: int | None, check: str, detail: str, peer: str | None = N
 
 def fail(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
     return Finding(node, npu, check, "fail", detail, peer)
-
-
-def first_line(text: str) -> str:
-    """The first non-blank line, stripped: what a row shows of an error output."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "(no output)")
-
-
-def outcome(rc: int | None) -> str:
-    """How a tool call ended, in words: `exited 255`, `timed out` (its section's timeout), `did not finish`."""
-    if rc is None:
-        return "did not finish"
-    return "timed out" if rc in TIMEOUT_EXIT_CODES else f"exited {rc}"
 
 
 def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:

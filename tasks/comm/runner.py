@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.errors import CommandTimeout, TransportError
+from k3deploy.tasks import node_facts as nf
+from k3deploy.tasks.batch import Section, SectionOutput, first_line, parse_output, render_script
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
-from k3deploy.tasks.comm.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
 from k3deploy.tasks.comm.report import (
     NPU_GROUPS,
@@ -30,7 +31,6 @@ from k3deploy.tasks.comm.report import (
     Finding,
     NotApplicable,
     fail,
-    first_line,
     sort_rows,
 )
 from k3deploy.tasks.transport import Transport, run_all
@@ -90,11 +90,11 @@ def phase1_sections(
         Section("hccn_conf", tuple(hc.hccn_conf_cmd(tools))),
         Section("links", tuple(hc.ip_link_cmd())),
         Section("addrs", tuple(hc.ip_addr_cmd())),
-        Section("driver_version", tuple(hc.version_info_cmd(tools))),
-        Section("firmware_version", tuple(hc.board_info_cmd(tools))),
+        Section("driver_version", tuple(nf.version_info_cmd(tools))),
+        Section("firmware_version", tuple(nf.board_info_cmd(tools))),
     ]
     if ports:
-        sections.append(Section("ports", tuple(hc.listening_cmd())))
+        sections.append(Section("ports", tuple(nf.listening_cmd())))
     skipped = {check for group in not_applicable(npus, planes) for check in group.checks}
     return [s for s in sections if section_check(s.key) not in skipped]
 

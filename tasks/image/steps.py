@@ -17,8 +17,8 @@ from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.serve import ContainerSettings
 from k3deploy.errors import TransportError
 from k3deploy.stage import Finding
+from k3deploy.tasks import environment
 from k3deploy.tasks.image import build as building
-from k3deploy.tasks.image import environment
 from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image
 from k3deploy.tasks.image.probe import (
     PIP_SHOW,

@@ -4,7 +4,7 @@ Smoke, bench and accuracy each run their work under `watching(cfg, stage)`: ever
 followed as launch followed it (its exit, and its log from the start through the same watcher, so
 a fatal line written between stages is seen too), and node 0's /metrics is read every
 `serve.liveness.metrics_poll_s` for a stuck rank (tasks/launch/stall.py). The first failure stops
-the stage's tool (its `stop` event, see tasks/launch/stoppable.py) and the stage fails within
+the stage's tool (its `stop` event, see tasks/stoppable.py) and the stage fails within
 seconds, naming node and DP rank, instead of waiting for a request timeout hours away.
 """
 
@@ -23,13 +23,13 @@ from prefect import runtime
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import ServiceLost
-from k3deploy.record import runs_dir
+from k3deploy.paths import run_folder
+from k3deploy.tasks.endpoints import engines, service_url
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
-from k3deploy.tasks.launch.runtime import serving_runtimes
 from k3deploy.tasks.launch.stall import StallDetector, readings
 from k3deploy.tasks.render import NodePlan, render_plan
-from k3deploy.tasks.smoke.steps import base_url, engines
+from k3deploy.tasks.runtime import serving_runtimes
 
 T = TypeVar("T")
 WAKE_S = 0.25  # how often the stage's wait looks at both the work and the watch
@@ -54,7 +54,7 @@ class ServiceWatch:
     def watch_progress(self) -> None:
         """Node 0's /metrics until closed: a stuck rank, or node 0 not answering, is a failure."""
         live = self.cfg.serve.liveness
-        url, ranks = base_url(self.cfg), engines(self.cfg)
+        url, ranks = service_url(self.cfg), engines(self.cfg)
         node0 = self.cfg.cluster.nodes[0].name
         detector = StallDetector(live.stall_timeout_s)
         answered = time.monotonic()
@@ -138,7 +138,7 @@ def watching(cfg: DeploymentConfig, stage: str) -> Iterator[ServiceWatch]:
     """Every rank followed for the block's duration; a rank already gone fails the first `run` at once."""
     plan = render_plan(cfg)
     run_id = str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id)
-    watch = ServiceWatch(cfg, stage, runs_dir() / run_id / "logs")
+    watch = ServiceWatch(cfg, stage, run_folder(run_id, "logs"))
     with serving_runtimes(cfg) as runtimes:
         for node_plan in plan.nodes:
             watch.monitor.follow(node_plan.node, node_plan.dp_rank, runtimes[node_plan.node], handle(node_plan))

@@ -14,12 +14,13 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, TeardownIncomplete
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
-from k3deploy.tasks.launch.runtime import ServersSurvived, node_runtime, serving_runtimes
 from k3deploy.tasks.render import Plan
+from k3deploy.tasks.runtime import ServersSurvived, node_runtime, serving_runtimes
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
@@ -72,7 +73,7 @@ def wait_until_ready(
     record = LaunchRecord(run_id, {n: s.adopted for n, s in started.items()})
     watcher = LogWatcher(load_patterns())
     monitor = LaunchMonitor(watcher, logs)
-    base_url = f"http://{cfg.cluster.nodes[0].address}:{cfg.serve.service_port}"
+    base_url = service_url(cfg)
     t0 = time.monotonic()
     deadline = t0 + ready.timeout_s
     last: Probe | None = None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from k3deploy.tasks.comm.batch import SectionOutput
+from k3deploy.tasks.batch import SectionOutput
 from k3deploy.tasks.preflight.facts import (
     COMMAND_FACTS,
     FACT_NAMES,

@@ -16,9 +16,9 @@ from typing import Any
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
-from k3deploy.tasks.comm import host_checks as hc
-from k3deploy.tasks.comm.npu_checks import ToolPaths
-from k3deploy.tasks.comm.report import first_line, outcome
+from k3deploy.tasks import node_facts as nf
+from k3deploy.tasks.batch import first_line, outcome
+from k3deploy.tasks.node_facts import ToolPaths
 
 # Column order of the node × fact table.
 FACT_NAMES = ("ssh", "os", "kernel", "driver", "firmware", "model_root_free", "shm", "engine", "ports", "mounts",
@@ -142,22 +142,22 @@ def npus_configured(cfg: Cfg) -> bool:
 
 
 def driver_cmd(cfg: Cfg, index: int) -> list[str] | None:
-    return hc.version_info_cmd(ToolPaths()) if npus_configured(cfg) else None
+    return nf.version_info_cmd(ToolPaths()) if npus_configured(cfg) else None
 
 
 def parse_driver(text: str, rc: int | None) -> str:
-    version = hc.driver_version(_require_ok(text, rc))
+    version = nf.driver_version(_require_ok(text, rc))
     if version is None:
         raise Unreadable(f"no Version= line: {first_line(text)}")
     return version
 
 
 def firmware_cmd(cfg: Cfg, index: int) -> list[str] | None:
-    return hc.board_info_cmd(ToolPaths()) if npus_configured(cfg) else None
+    return nf.board_info_cmd(ToolPaths()) if npus_configured(cfg) else None
 
 
 def parse_firmware(text: str, rc: int | None) -> str:
-    version = hc.firmware_version(_require_ok(text, rc))
+    version = nf.firmware_version(_require_ok(text, rc))
     if version is None:
         raise Unreadable(f"no 'Firmware Version' line: {first_line(text)}")
     return version
@@ -216,12 +216,12 @@ def wanted_ports(cfg: Cfg) -> dict[str, int]:
 
 
 def ports_cmd(cfg: Cfg, index: int) -> list[str] | None:
-    return hc.listening_cmd() if index == 0 else None
+    return nf.listening_cmd() if index == 0 else None
 
 
 def parse_ports(text: str, rc: int | None) -> dict[int, str]:
     """Every listening TCP port and its `ss -Hltn` line (nothing listening is an empty map)."""
-    return hc.listening(_require_ok(text, rc))
+    return nf.listening(_require_ok(text, rc))
 
 
 def judge_ports(value: Mapping[int, str], cfg: Cfg, index: int) -> Judgement:

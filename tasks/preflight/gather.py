@@ -20,8 +20,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import CommandTimeout, K3DeployError, TransportError
-from k3deploy.tasks.comm.batch import Section, parse_output, render_script
-from k3deploy.tasks.comm.report import first_line
+from k3deploy.tasks.batch import Section, first_line, parse_output, render_script
 from k3deploy.tasks.preflight.evaluate import FactResult, NodeOutputs, evaluate_node
 from k3deploy.tasks.preflight.facts import COMMAND_FACTS, LOCAL_HOST_KEY, engine_applies
 from k3deploy.tasks.transport.base import Transport, run_all

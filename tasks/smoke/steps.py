@@ -12,19 +12,10 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import NodeError, TransportError
+from k3deploy.tasks.endpoints import engines, service_url
 from k3deploy.tasks.smoke.checks import CHECKS, Context
 from k3deploy.tasks.smoke.driver import Row, run_checks
 from k3deploy.tasks.transport.factory import open_transports
-
-
-def base_url(cfg: DeploymentConfig) -> str:
-    return f"http://{cfg.cluster.nodes[0].serving_ip}:{cfg.serve.service_port}"
-
-
-def engines(cfg: DeploymentConfig) -> dict[str, str]:
-    """DP rank (vLLM's `engine` label) → the node that runs it."""
-    local = cfg.serve.data_parallel_size_local
-    return {str(i * local + k): node.name for i, node in enumerate(cfg.cluster.nodes) for k in range(local)}
 
 
 def declares_vision(config_json: str) -> bool:
@@ -71,4 +62,4 @@ def smoke_checks(cfg: DeploymentConfig, ctx: Context, stop: threading.Event | No
     def show(row: Row) -> None:
         logger.info("%s: %s (%.1f s): %s", row.check, row.verdict, row.seconds, row.outcome.detail)
 
-    return run_checks(base_url(cfg), CHECKS, ctx, cfg.smoke.request_timeout_s, show, stop)
+    return run_checks(service_url(cfg), CHECKS, ctx, cfg.smoke.request_timeout_s, show, stop)

@@ -18,7 +18,7 @@ import yaml
 from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from k3deploy.flows.validate import validate
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 
 pytestmark = [pytest.mark.accuracy, pytest.mark.vllm, pytest.mark.e2e, pytest.mark.prefect,

@@ -25,7 +25,8 @@ from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.record import SCHEMA_PATH, runs_dir
+from k3deploy.paths import runs_dir
+from k3deploy.record import SCHEMA_PATH
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.ports import port_free

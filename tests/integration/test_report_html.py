@@ -16,7 +16,7 @@ import pytest
 from k3deploy.history import Verdict
 from k3deploy.record import RunRecord, write_record
 from k3deploy.report import BAND, COLOURS
-from k3deploy.tasks.run_report import REPORT_HTML, REPORT_MD, write_report_files
+from k3deploy.run_report import REPORT_HTML, REPORT_MD, write_report_files
 
 pytestmark = pytest.mark.report
 ROOT = Path(__file__).parents[2]

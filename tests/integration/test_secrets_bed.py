@@ -22,7 +22,7 @@ from prefect.client.schemas.filters import LogFilter
 
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import launch_data

@@ -29,7 +29,7 @@ from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 from k3deploy.tasks import metrics
 from tests.bedconfig import write_config
 from tests.ports import port_free

@@ -21,7 +21,8 @@ from prefect.states import AwaitingRetry
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
-from k3deploy.record import SCHEMA_PATH, RunRecord, runs_dir
+from k3deploy.paths import runs_dir
+from k3deploy.record import SCHEMA_PATH, RunRecord
 from tests.bedconfig import bed_transports, write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import control, launch_data, ours

@@ -10,7 +10,7 @@ import pytest
 
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
-from k3deploy.record import runs_dir
+from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 from tests.configs import site_data
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.tasks.comm.batch import MAX_SCRIPT, Section, parse_output, render_script
-from k3deploy.tasks.comm.npu_checks import ToolPaths
+from k3deploy.tasks.batch import MAX_SCRIPT, Section, parse_output, render_script
 from k3deploy.tasks.comm.runner import phase1_sections
+from k3deploy.tasks.node_facts import ToolPaths
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.comm import host_checks as hc
 
 pytestmark = pytest.mark.comm
@@ -46,7 +47,7 @@ def test_ports_free_and_taken():
 
 def test_ipv6_and_wildcard_listeners_count():
     ss = "LISTEN 0 4096 [::]:13345 [::]:*\nLISTEN 0 511 *:8000 *:*\n"
-    assert set(hc.listening(ss)) == {13345, 8000}
+    assert set(nf.listening(ss)) == {13345, 8000}
 
 
 def test_hccn_conf_agrees_with_the_npu_addresses():

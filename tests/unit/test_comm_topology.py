@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from k3deploy.tasks.comm.npu_checks import ToolPaths, spod_info_cmd
+from k3deploy.tasks.comm.npu_checks import spod_info_cmd
 from k3deploy.tasks.comm.topology import board_die, boards, logical_id
+from k3deploy.tasks.node_facts import ToolPaths
 
 pytestmark = pytest.mark.comm
 

@@ -34,11 +34,12 @@ from k3deploy.blocks.models import DraftSpec
 from k3deploy.errors import ConfigError, HubError, K3DeployError, UnreadableEvidence
 from k3deploy.stage import Finding as StageFinding
 from k3deploy.tasks import metrics
+from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, lm_eval_scores
+from k3deploy.tasks.batch import SectionOutput, parse_output
 from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
-from k3deploy.tasks.comm.batch import SectionOutput, parse_output
 from k3deploy.tasks.comm.report import Finding
 from k3deploy.tasks.comm.runner import NodeFacts, cross_node, interpret_phase1, phase1_sections
 from k3deploy.tasks.image.build import UnreadableCheckout, parse_checkout
@@ -46,12 +47,12 @@ from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_fi
 from k3deploy.tasks.launch import readiness
 from k3deploy.tasks.launch.logwatch import LogEvent, LogWatcher, load_patterns
 from k3deploy.tasks.launch.monitor import split_timestamp
-from k3deploy.tasks.launch.runtime import ProcessState, parse_ps
 from k3deploy.tasks.models import remote
 from k3deploy.tasks.models.checks import draft_findings, quantization_findings
 from k3deploy.tasks.models.listing import Listing, RemoteFile, hf_file, list_modelscope, ms_head_commit
 from k3deploy.tasks.preflight.evaluate import FactResult, NodeOutputs, evaluate, evaluate_engine
 from k3deploy.tasks.preflight.facts import COMMAND_FACTS, Unreadable, parse_df, parse_engine
+from k3deploy.tasks.runtime import ProcessState, parse_ps
 from k3deploy.tasks.smoke.checks import CHECKS, Burst, Context, Outcome, Reply, stream_events
 from k3deploy.tasks.transport import CommandResult
 from tests.configs import site_data
@@ -288,7 +289,7 @@ def test_hccn_tool_parsers(query: str, text: str, rc: int | None, npu: int) -> N
 @SETTINGS
 @given(texts(COMM))
 def test_hccn_and_spod_value_extractors(text: str) -> None:
-    for extract in (nc.npu_ip, nc.vnic_ip, nc.tls_switch, hc.driver_version, hc.firmware_version):
+    for extract in (nc.npu_ip, nc.vnic_ip, nc.tls_switch, nf.driver_version, nf.firmware_version):
         value = project_errors_only(lambda extract=extract: extract(text))
         assert value is None or isinstance(value, str)
     assert_str_map(project_errors_only(lambda: nc.spod_fields(text)))
@@ -329,7 +330,7 @@ def test_nic_and_local_ip(links: str, addrs: str, nic: str, local_ip: str) -> No
 @SETTINGS
 @given(texts(COMM, PREFLIGHT), RC, st.sampled_from(["driver_version", "firmware_version"]))
 def test_ports_and_versions(text: str, rc: int | None, check: str) -> None:
-    ports = project_errors_only(lambda: hc.listening(text))
+    ports = project_errors_only(lambda: nf.listening(text))
     assert ports is None or all(isinstance(k, int) and isinstance(v, str) for k, v in ports.items())
     assert_findings(project_errors_only(lambda: hc.parse_ports(NODE, text, rc, PORTS)))
     got = project_errors_only(lambda: hc.parse_version(NODE, check, text, rc))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.loader import parse_config
-from k3deploy.tasks.comm.batch import SectionOutput, parse_output
+from k3deploy.tasks.batch import SectionOutput, parse_output
 from k3deploy.tasks.preflight import facts as pf
 from k3deploy.tasks.preflight.evaluate import NodeOutputs, evaluate, evaluate_node, table_row
 from k3deploy.tasks.preflight.gather import node_sections

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import CommandTimeout
-from k3deploy.tasks.launch.stoppable import run_stoppable
+from k3deploy.tasks.stoppable import run_stoppable
 from k3deploy.tasks.transport.local import LocalTransport
 
 pytestmark = pytest.mark.launch

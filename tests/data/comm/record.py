@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from k3deploy.tasks.comm.batch import render_script
-from k3deploy.tasks.comm.npu_checks import ToolPaths
+from k3deploy.tasks.batch import render_script
 from k3deploy.tasks.comm.runner import phase1_sections
+from k3deploy.tasks.node_facts import ToolPaths
 from testbed.layout import load_state, resolve_state_file
 
 HERE = Path(__file__).parent

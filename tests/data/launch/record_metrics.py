@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 
 from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.stall import readings
-from k3deploy.tasks.smoke.steps import base_url
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
     cfg = load_config(args.config)
-    url, model = base_url(cfg), cfg.serve.served_model_name
+    url, model = service_url(cfg), cfg.serve.served_model_name
     version = httpx.get(f"{url}/version", timeout=30).json()["version"]
     folder = HERE / f"vllm-{re.sub(r'[^0-9A-Za-z.+_-]', '_', version)}" / "metrics"
     folder.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.blocks.loader import parse_config
-from k3deploy.tasks.comm.batch import render_script
+from k3deploy.tasks.batch import render_script
 from k3deploy.tasks.preflight import facts as pf
 from k3deploy.tasks.preflight.gather import engine_version, node_sections
 from k3deploy.tasks.transport import LocalTransport, SSHTransport

@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 
 from k3deploy.blocks.loader import load_config
+from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.smoke.checks import CHECKS, Burst, Call, Reply
 from k3deploy.tasks.smoke.driver import run_check
-from k3deploy.tasks.smoke.steps import base_url, context
+from k3deploy.tasks.smoke.steps import context
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_config(args.config)
     ctx = context(cfg, args.vision)
-    url = base_url(cfg)
+    url = service_url(cfg)
     version = httpx.get(f"{url}/version", timeout=30).json()["version"]
     folder = HERE / f"vllm-{re.sub(r'[^0-9A-Za-z.+_-]', '_', version)}" / args.variant
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from k3deploy.tasks.transport.base import TIMEOUT_EXIT_CODES
+
 MAX_SCRIPT = 120_000  # one argv element (the remote `sh -c` script) may not exceed 128 KiB on Linux
 _TOKEN = re.compile(r"[A-Za-z0-9]{8,64}")
 
@@ -136,3 +138,15 @@ def parse_output(sections: Sequence[Section], output: str, token: str) -> dict[s
         else:
             body.append(line)
     return found
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line, stripped: what a row shows of an error output."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no output)")
+
+
+def outcome(rc: int | None) -> str:
+    """How a tool call ended, in words: `exited 255`, `timed out` (its section's timeout), `did not finish`."""
+    if rc is None:
+        return "did not finish"
+    return "timed out" if rc in TIMEOUT_EXIT_CODES else f"exited {rc}"

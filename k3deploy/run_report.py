@@ -16,7 +16,8 @@ from prefect.logging import get_run_logger
 
 from k3deploy.errors import K3DeployError
 from k3deploy.history import Comparison, compare
-from k3deploy.record import RECORD_NAME, RunRecord, read_record, runs_dir, scan_records
+from k3deploy.paths import runs_dir
+from k3deploy.record import RECORD_NAME, RunRecord, read_record, scan_records
 from k3deploy.report import html_page, markdown
 
 HISTORY_RUNS = 10

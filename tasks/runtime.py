@@ -24,8 +24,8 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
-from k3deploy.tasks.launch.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
+from k3deploy.tasks.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.transport.base import CommandResult, Transport
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 
