@@ -3,55 +3,25 @@
 With models.local_hub set, the local hub is started for the stage and stopped after it.
 """
 
-from typing import Any
-
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import ModelsStageFailed
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.models.checks import space_problems
 from k3deploy.tasks.models.localhub import local_hub
-from k3deploy.tasks.models.outcome import (
-    CheckpointOutcome,
-    ModelsOutcome,
-    content_findings,
-    files_to_fetch,
-    space_needs,
-)
+from k3deploy.tasks.models.outcome import CheckpointOutcome, ModelsOutcome, content_findings, files_to_fetch
 from k3deploy.tasks.models.steps import (
-    Checkpoint,
     checkpoints,
     fetch_checkpoint,
     list_checkpoint,
+    shared_storage_unseen,
+    space_shortfalls,
     stat_checkpoint,
     storage_nodes,
     verify_checkpoint,
 )
 from k3deploy.tasks.stage_run import StageRun
-
-
-@task(name="disk space shortfalls", cache_policy=NO_CACHE)
-def space_shortfalls(stats: dict[str, Any]) -> list[str]:
-    return space_problems(space_needs(stats))
-
-
-@task(name="check shared storage", cache_policy=NO_CACHE)
-def shared_storage_unseen(cfg: DeploymentConfig, ckpt: Checkpoint, outcome: CheckpointOutcome) -> dict[str, str]:
-    """With a shared model root, every other node must see node 0's files (same sizes and mtimes)."""
-    others = [n.name for n in cfg.cluster.nodes[1:]]
-    if not others:
-        return {}
-    seen = stat_checkpoint.fn(cfg.cluster, cfg.models, ckpt, outcome.listing, others)
-    expected = next(iter(outcome.final.values())).fingerprint
-    first = cfg.cluster.nodes[0].name
-    return {
-        node: f"does not see the files {first} verified at {outcome.path} (cluster.model_root_shared is set)"
-        for node, report in seen.items()
-        if report.fingerprint != expected
-    }
 
 
 @flow(name="models", persist_result=True)

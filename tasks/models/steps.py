@@ -15,9 +15,11 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.cluster import ClusterConfig
+from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.models import CheckpointSpec, ModelsConfig
-from k3deploy.tasks.models.checks import DOCUMENTS
+from k3deploy.tasks.models.checks import DOCUMENTS, space_problems
 from k3deploy.tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
+from k3deploy.tasks.models.outcome import CheckpointOutcome, space_needs
 from k3deploy.tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
 from k3deploy.tasks.transport.factory import open_transports
 
@@ -160,3 +162,24 @@ def fetch_checkpoint(
     what = f"downloading {checkpoint.role} {checkpoint.repo}"
     with open_transports(cluster) as transports:
         return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)
+
+
+@task(name="disk space shortfalls", cache_policy=NO_CACHE)
+def space_shortfalls(stats: dict[str, Any]) -> list[str]:
+    return space_problems(space_needs(stats))
+
+
+@task(name="check shared storage", cache_policy=NO_CACHE)
+def shared_storage_unseen(cfg: DeploymentConfig, ckpt: Checkpoint, outcome: CheckpointOutcome) -> dict[str, str]:
+    """With a shared model root, every other node must see node 0's files (same sizes and mtimes)."""
+    others = [n.name for n in cfg.cluster.nodes[1:]]
+    if not others:
+        return {}
+    seen = stat_checkpoint.fn(cfg.cluster, cfg.models, ckpt, outcome.listing, others)
+    expected = next(iter(outcome.final.values())).fingerprint
+    first = cfg.cluster.nodes[0].name
+    return {
+        node: f"does not see the files {first} verified at {outcome.path} (cluster.model_root_shared is set)"
+        for node, report in seen.items()
+        if report.fingerprint != expected
+    }
