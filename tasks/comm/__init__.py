@@ -2,7 +2,8 @@
 
 from k3deploy.tasks.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import PingTarget, consistent, majority, ping_plan
-from k3deploy.tasks.comm.report import CommReport, Finding, NotApplicable, Verdict
+from k3deploy.tasks.comm.finding import Finding, Verdict
+from k3deploy.tasks.comm.report import CommReport, NotApplicable
 from k3deploy.tasks.comm.runner import run_comm_checks
 from k3deploy.tasks.comm.topology import board_die, logical_id
 from k3deploy.tasks.node_facts import ToolPaths

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from k3deploy.agreement import majority
-from k3deploy.tasks.comm.report import Finding, fail
+from k3deploy.tasks.comm.finding import Finding, fail
 
 Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)
 

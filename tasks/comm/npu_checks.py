@@ -12,15 +12,13 @@ import re
 from collections.abc import Callable
 
 from k3deploy.tasks.batch import first_line, outcome
-from k3deploy.tasks.comm.report import Finding, fail, ok
+from k3deploy.tasks.comm.finding import Finding, fail, ok
 from k3deploy.tasks.comm.topology import DIES_PER_BOARD, board_die, logical_id
 from k3deploy.tasks.node_facts import ToolPaths
 
 # hccn_tool refuses concurrent use (hicann/driver cmd.c: `hccn_tool is busy, please try again.` on stdout; hccs_ping:
 # `The device is occupied. Please try again later.` on stderr): a call that says so is made again (batch.render_script).
 BUSY = ("hccn_tool is busy, please try again.", "The device is occupied. Please try again later.")
-# hccn_tool `-i N -<query> -g` queries of phase 1, in the guide's order.
-HCCN_QUERIES = ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")
 
 
 def npu_smi_info_cmd(tools: ToolPaths) -> list[str]:
@@ -28,7 +26,9 @@ def npu_smi_info_cmd(tools: ToolPaths) -> list[str]:
 
 
 def hccn_cmd(tools: ToolPaths, npu: int, query: str) -> list[str]:
-    """`hccn_tool -i NPU -QUERY -g` for one of HCCN_QUERIES."""
+    """`hccn_tool -i NPU -QUERY -g` for one of the table's hccn_tool queries (never a setting one)."""
+    from k3deploy.tasks.comm.checks import HCCN_QUERIES  # the table imports this module: read it when called
+
     if query not in HCCN_QUERIES:
         raise ValueError(f"unknown hccn_tool query {query!r}")
     return [tools.hccn_tool, "-i", str(npu), f"-{query}", "-g"]
@@ -135,6 +135,17 @@ def parse_link(node: str, npu: int, text: str, rc: int | None = 0) -> list[Findi
     return _expect(node, npu, "link", text, rc, r"^link status:\s*(\S+)", lambda m: m[1] == "UP")
 
 
+def link_speed(text: str) -> str | None:
+    """The port speed of `-speed -g` (`Speed: 100000 Mb/s`), in Mb/s; None for `Speed: Unknown!`."""
+    m = _line(text, r"^Speed:\s*(\d+) Mb/s")
+    return m[1] if m and int(m[1]) > 0 else None
+
+
+def parse_speed(node: str, npu: int, text: str, rc: int | None = 0) -> list[Finding]:
+    """A known, non-zero port speed (whether it matches every other NPU is `cross.consistent`'s job)."""
+    return _expect(node, npu, "speed", text, rc, r"^Speed:\s*(\S+)", lambda m: link_speed(text) is not None)
+
+
 def parse_net_health(node: str, npu: int, text: str, rc: int | None = 0) -> list[Finding]:
     return _expect(
         node, npu, "net_health", text, rc, r"^net health status:\s*(.+?)\s*$", lambda m: m[1].lower() == "success"
@@ -187,18 +198,6 @@ def parse_vnic(node: str, npu: int, text: str, rc: int | None = 0) -> list[Findi
     if m is None or not _is_ipv4(m[1]):
         return [fail(node, npu, "vnic", f"no vnic address: {first_line(text)}")]
     return [ok(node, npu, "vnic", _whole_line(text, m))]
-
-
-HCCN_PARSERS: dict[str, Callable[[str, int, str, int | None], list[Finding]]] = {
-    "lldp": parse_lldp,
-    "link": parse_link,
-    "net_health": parse_net_health,
-    "netdetect": parse_netdetect,
-    "gateway": parse_gateway,
-    "ip": parse_ip,
-    "tls": parse_tls,
-    "vnic": parse_vnic,
-}
 
 
 # -- spod-info, pings --------------------------------------------------------------------------------

@@ -5,68 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Verdict = Literal["ok", "fail"]
+from k3deploy.tasks.comm.checks import HOST_CHECKS, NPU_CHECKS, NPU_GROUPS
+from k3deploy.tasks.comm.finding import Finding
 
-# Check names, in the order rows are shown for one NPU (the vLLM-Ascend guide's order).
-HOST_CHECKS = ("reach", "batch", "nic", "local_ip", "service_port", "rpc_port", "driver_version", "firmware_version")
-NPU_CHECKS = (
-    "npu_smi",
-    "lldp",
-    "link",
-    "net_health",
-    "netdetect",
-    "gateway",
-    "hccn_conf",
-    "ip",
-    "tls",
-    "vnic",
-    "spod_info",
-    "ping",
-    "hccs_ping",
-)
 _ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}
-
-# The groups of checks that need NPUs (the driver versions are the NPU driver's), as a report names
-# them when they do not apply; every other check is a host check.
-# The checks of each NPU network plane (cluster.comm_planes): a site without one does not run them.
-PLANE_CHECKS: dict[str, tuple[str, ...]] = {
-    "roce": ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "hccn_conf", "ping"),
-    "hccs": ("vnic", "spod_info", "hccs_ping"),
-}
-NPU_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("npu-smi info", ("npu_smi",)),
-    ("hccn_tool", ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")),
-    ("spod-info", ("spod_info",)),
-    ("hccn.conf", ("hccn_conf",)),
-    ("ping mesh", ("ping", "hccs_ping")),
-    ("driver/firmware", ("driver_version", "firmware_version")),
-)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One verdict: which node (and NPU, and peer node for a ping), which check, and the line behind it."""
-
-    node: str
-    npu: int | None
-    check: str
-    verdict: Verdict
-    detail: str
-    peer: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "ok"
-
-
-def ok(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
-    return Finding(node, npu, check, "ok", detail, peer)
-
-
-def fail(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
-    return Finding(node, npu, check, "fail", detail, peer)
 
 
 def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:

@@ -23,16 +23,10 @@ from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.batch import Section, SectionOutput, first_line, parse_output, render_script
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
+from k3deploy.tasks.comm.checks import NPU_GROUPS, PER_NPU, PLANE_CHECKS
 from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
-from k3deploy.tasks.comm.report import (
-    NPU_GROUPS,
-    PLANE_CHECKS,
-    CommReport,
-    Finding,
-    NotApplicable,
-    fail,
-    sort_rows,
-)
+from k3deploy.tasks.comm.finding import Finding, fail
+from k3deploy.tasks.comm.report import CommReport, NotApplicable, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
 
 ALL_PLANES = ("roce", "hccs")
@@ -46,12 +40,25 @@ class NodeFacts:
 
     node: str
     rows: list[Finding] = field(default_factory=list)
-    nic_ips: dict[int, str] = field(default_factory=dict)
-    vnic_ips: dict[int, str] = field(default_factory=dict)
-    tls: dict[int, str] = field(default_factory=dict)
-    super_pod: dict[int, str] = field(default_factory=dict)
+    values: dict[str, dict[int, str]] = field(default_factory=dict)  # check → NPU → its `value` (checks.py)
     driver: str | None = None
     firmware: str | None = None
+
+    @property
+    def nic_ips(self) -> dict[int, str]:
+        return self.values.get("ip", {})
+
+    @property
+    def vnic_ips(self) -> dict[int, str]:
+        return self.values.get("vnic", {})
+
+    @property
+    def tls(self) -> dict[int, str]:
+        return self.values.get("tls", {})
+
+    @property
+    def super_pod(self) -> dict[int, str]:
+        return self.values.get("spod_info", {})
 
 
 NO_NPUS = "cluster.npus_per_node is 0: no NPUs declared"
@@ -84,8 +91,7 @@ def phase1_sections(
     """
     sections = [Section("npu_smi", tuple(nc.npu_smi_info_cmd(tools)))]
     for npu in range(npus):
-        sections += [Section(f"{q}:{npu}", tuple(nc.hccn_cmd(tools, npu, q))) for q in nc.HCCN_QUERIES]
-        sections.append(Section(f"spod_info:{npu}", tuple(nc.spod_info_cmd(tools, npu))))
+        sections += [Section(f"{c.name}:{npu}", tuple(c.command(tools, npu))) for c in PER_NPU if c.command]
     sections += [
         Section("hccn_conf", tuple(hc.hccn_conf_cmd(tools))),
         Section("links", tuple(hc.ip_link_cmd())),
@@ -123,18 +129,12 @@ def interpret_phase1(
     if got := outputs.get("npu_smi"):
         facts.rows += nc.parse_npu_smi_info(name, got.text, got.rc, npus)
     for npu in range(npus):
-        for query, parse in nc.HCCN_PARSERS.items():
-            if got := outputs.get(f"{query}:{npu}"):
-                facts.rows += parse(name, npu, got.text, got.rc)
-        if got := outputs.get(f"spod_info:{npu}"):
-            facts.rows += nc.parse_spod_info(name, npu, got.text, got.rc)
-            if got.ok and (pod := nc.spod_fields(got.text).get("Super Pod ID")):
-                facts.super_pod[npu] = pod
-        for key, table, extract in (("ip", facts.nic_ips, nc.npu_ip), ("vnic", facts.vnic_ips, nc.vnic_ip)):
-            if (got := outputs.get(f"{key}:{npu}")) and got.ok and (address := extract(got.text)):
-                table[npu] = address
-        if (got := outputs.get(f"tls:{npu}")) and got.ok and (value := nc.tls_switch(got.text)):
-            facts.tls[npu] = value
+        for check in PER_NPU:
+            if (got := outputs.get(f"{check.name}:{npu}")) is None or check.parse is None:
+                continue
+            facts.rows += check.parse(name, npu, got.text, got.rc)
+            if check.value is not None and got.ok and (value := check.value(got.text)):
+                facts.values.setdefault(check.name, {})[npu] = value
     if got := outputs.get("hccn_conf"):
         facts.rows += hc.parse_hccn_conf(name, got.text, got.rc, npus, facts.nic_ips)
     links, addrs = outputs.get("links"), outputs.get("addrs")
@@ -156,8 +156,11 @@ def cross_node(facts: Mapping[str, NodeFacts]) -> list[Finding]:
     """Every node's rows, with TLS switch, Super Pod ID, driver and firmware compared across nodes."""
     rows = [r for f in facts.values() for r in f.rows]
     compared: dict[str, tuple[str, Mapping[Key, str]]] = {
-        "tls": ("tls switch", {(n, npu): v for n, f in facts.items() for npu, v in f.tls.items()}),
-        "spod_info": ("Super Pod ID", {(n, npu): v for n, f in facts.items() for npu, v in f.super_pod.items()}),
+        c.name: (c.compared_as, {(n, npu): v for n, f in facts.items() for npu, v in f.values.get(c.name, {}).items()})
+        for c in PER_NPU
+        if c.compared_as
+    }
+    compared |= {
         "driver_version": ("driver", {(n, None): f.driver for n, f in facts.items() if f.driver}),
         "firmware_version": ("firmware", {(n, None): f.firmware for n, f in facts.items() if f.firmware}),
     }

@@ -21,7 +21,19 @@ if TYPE_CHECKING:
 
 DEFAULT_SIM_DIR = "/etc/npu-sim"
 PING_COUNT = 3
-HCCN_COMMANDS = ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic", "ping", "hccs_ping")
+HCCN_COMMANDS = (
+    "lldp",
+    "link",
+    "speed",
+    "net_health",
+    "netdetect",
+    "gateway",
+    "ip",
+    "tls",
+    "vnic",
+    "ping",
+    "hccs_ping",
+)
 
 
 def _healthy(_host: HostEntry) -> Faults:
@@ -161,6 +173,7 @@ def run_hccn_tool(ctx: Context, argv: Sequence[str]) -> Result:
     simple: dict[str, Callable[[], str]] = {
         "lldp": lambda: formats.hccn_lldp(ctx.host, n),
         "link": lambda: formats.hccn_link(ctx.faults, npu),
+        "speed": formats.hccn_speed,
         "net_health": lambda: formats.hccn_net_health(ctx.faults, npu),
         "netdetect": lambda: formats.hccn_netdetect(n),
         "gateway": lambda: formats.hccn_gateway(n),

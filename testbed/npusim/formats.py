@@ -11,7 +11,8 @@ NPUs = 8 boards x 2 dies). Sources, all public:
 * `npu-smi info -m` columns (NPU ID, Chip ID, Chip Logic ID, Chip Phy-ID, Chip Name,
   a "Mcu" row per board): vllm-ascend tests/ut for cpu_binding.
 * `hccn_tool` outputs (`link status: UP`, `net health status: Success`,
-  `netdetect addr: X` (driver source; older guides `netdetect address: X`),
+  `netdetect addr: X` (driver source; older guides `netdetect address: X`), `Speed: 100000 Mb/s`
+  (the example in Huawei's Ascend/mind-cluster hccn_tool.go),
   `default gateway:X, Iface:ethN`, `ipaddr:X` / `netmask:X`,
   `dev_id:N, tls switch[0](0:disable, 1:enable), ...`, the `-ping` lines):
   the vllm-ascend "Verify Multi-Node Communication" guide and the MindIE
@@ -158,6 +159,11 @@ def npu_smi_board(bed: BedMap, npu: int) -> str:
 
 def hccn_link(faults: Faults, npu: int) -> str:
     return f"link status: {'DOWN' if npu in faults.link_down else 'UP'}\n"
+
+
+def hccn_speed() -> str:
+    """`-speed -g`: Huawei's own example (Ascend/mind-cluster component/ascend-common/devmanager/hccn)."""
+    return "Speed: 100000 Mb/s\n"
 
 
 def hccn_net_health(faults: Faults, npu: int) -> str:

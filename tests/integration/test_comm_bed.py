@@ -19,7 +19,20 @@ from k3deploy.tasks.transport import transports_for
 pytestmark = [pytest.mark.comm, pytest.mark.testbed, pytest.mark.faults]
 NODES = ("node0", "node1", "node2", "node3")
 NPUS = range(16)
-LOCAL = ("npu_smi", "lldp", "link", "net_health", "netdetect", "gateway", "hccn_conf", "ip", "tls", "vnic", "spod_info")
+LOCAL = (
+    "npu_smi",
+    "lldp",
+    "link",
+    "speed",
+    "net_health",
+    "netdetect",
+    "gateway",
+    "hccn_conf",
+    "ip",
+    "tls",
+    "vnic",
+    "spod_info",
+)
 PINGS = ("ping", "hccs_ping")
 # The bed is shared: other sessions start servers on node0 (host network), so tests that are not about
 # ports check two that nothing there binds (privileged, unassigned in practice).

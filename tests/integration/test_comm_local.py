@@ -14,7 +14,8 @@ import yaml
 
 from k3deploy.flows.comm import comm
 from k3deploy.stage import Verdict
-from k3deploy.tasks.comm.report import NPU_GROUPS, CommReport, NotApplicable
+from k3deploy.tasks.comm.checks import NPU_GROUPS
+from k3deploy.tasks.comm.report import CommReport, NotApplicable
 from tests.bedconfig import write_config
 from tests.prefect_runs import latest_artifact, task_states
 

@@ -78,7 +78,7 @@ def test_a_section_that_never_ran_has_no_exit_code():
 def test_recorded_phase1_batch_splits_into_every_section():
     sections = phase1_sections(16, ToolPaths())
     got = parse_output(sections, (DATA / "healthy" / "phase1_node1.txt").read_text(), TOKEN)
-    assert list(got) == [s.key for s in sections] and len(got) == 1 + 16 * 9 + 5
+    assert list(got) == [s.key for s in sections] and len(got) == 1 + 16 * 10 + 5
     assert all(out.rc == 0 for out in got.values())
     assert got["link:3"].text == "link status: UP\n"
     assert got["npu_smi"].text.startswith("+-----")

@@ -6,7 +6,7 @@ import pytest
 
 from k3deploy.agreement import majority
 from k3deploy.tasks.comm.cross import consistent, ping_peers, ping_plan
-from k3deploy.tasks.comm.report import fail, ok
+from k3deploy.tasks.comm.finding import fail, ok
 
 pytestmark = pytest.mark.comm
 

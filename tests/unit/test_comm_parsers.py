@@ -10,7 +10,8 @@ import pytest
 
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
-from k3deploy.tasks.comm.report import Finding
+from k3deploy.tasks.comm.checks import NPU_GROUPS, NPU_TABLE, PARSERS, PLANE_CHECKS
+from k3deploy.tasks.comm.finding import Finding
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm"
@@ -71,7 +72,7 @@ def test_npu_smi_info_that_fails_is_one_node_row():
     ],
 )
 def test_healthy_hccn_outputs_pass_showing_the_line_the_guide_reads(query: str, detail: str):
-    row = only(nc.HCCN_PARSERS[query]("node1", 3, *rec(f"healthy/{query}.txt")))
+    row = only(PARSERS[query]("node1", 3, *rec(f"healthy/{query}.txt")))
     assert (row.node, row.npu, row.check, row.verdict, row.detail) == ("node1", 3, query, "ok", detail)
 
 
@@ -189,6 +190,7 @@ PUBLISHED = DATA / "published"  # real output from Huawei's guides and source, u
     [
         ("lldp", "hccn_tool-lldp.txt", "400GE1/1/5:1"),
         ("link", "hccn_tool-link.txt", "UP"),
+        ("speed", "hccn_tool-speed.txt", "100000 Mb/s"),
         ("net_health", "hccn_tool-net_health.txt", "Success"),
         ("gateway", "hccn_tool-gateway.txt", "11.12.165.1"),
         ("ip", "hccn_tool-ip.txt", "29.1.112.213"),
@@ -197,8 +199,17 @@ PUBLISHED = DATA / "published"  # real output from Huawei's guides and source, u
     ],
 )
 def test_every_hccn_tool_parser_passes_published_healthy_output(query, name, value):
-    (finding,) = nc.HCCN_PARSERS[query]("node0", 0, (PUBLISHED / name).read_text(), 0)
+    (finding,) = PARSERS[query]("node0", 0, (PUBLISHED / name).read_text(), 0)
     assert finding.ok and value in finding.detail, finding
+
+
+def test_a_port_speed_the_driver_cannot_tell_fails_and_known_speeds_must_agree_across_npus():
+    (unknown,) = PARSERS["speed"]("node1", 6, (PUBLISHED / "hccn_tool-speed-unknown.txt").read_text(), 0)
+    assert not unknown.ok and unknown.detail == "Speed: Unknown!"
+    assert nc.link_speed((PUBLISHED / "hccn_tool-speed.txt").read_text()) == "100000"
+    speed = next(c for c in NPU_TABLE if c.name == "speed")  # one table entry: plane, group, value compared
+    assert (speed.plane, speed.group, speed.compared_as) == ("roce", "hccn_tool", "port speed (Mb/s)")
+    assert "speed" in PLANE_CHECKS["roce"] and "speed" in dict(NPU_GROUPS)["hccn_tool"]
 
 
 def test_a_published_roce_ping_and_spod_info_pass():
@@ -244,6 +255,6 @@ def test_firmware_version_from_a_published_board_query():
 def test_ip_on_an_npu_without_a_preset_address_fails_with_the_tools_words():
     """hicann/driver cmd.c's message (stderr), as users saw it on 910B3 hosts; rc unpublished, any non-zero."""
     text = (PUBLISHED / "hccn_tool-ip-not-preset.txt").read_text()
-    (row,) = nc.HCCN_PARSERS["ip"]("node0", 4, text, 1)
+    (row,) = PARSERS["ip"]("node0", 4, text, 1)
     assert not row.ok and "Get ipconf failed, because no ip was preset there!" in row.detail
     assert nc.npu_ip(text) is None

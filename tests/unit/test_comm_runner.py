@@ -29,7 +29,19 @@ TOKEN = "recorded0001"
 PORTS = {"service_port": 8000, "rpc_port": 13345}
 BED = layout.bed_map(4, Path("/nonexistent"))
 PINGS = ("ping", "hccs_ping")
-NPU_CHECKS = ("npu_smi", "lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic", "spod_info")
+NPU_CHECKS = (
+    "npu_smi",
+    "lldp",
+    "link",
+    "speed",
+    "net_health",
+    "netdetect",
+    "gateway",
+    "ip",
+    "tls",
+    "vnic",
+    "spod_info",
+)
 
 
 def node(i: int, nic: str = "eth0") -> NodeSpec:
@@ -51,7 +63,7 @@ def failed(rows) -> set[tuple]:
 def test_healthy_recorded_node_passes_and_yields_its_addresses():
     facts = interpret_phase1(node(1), recorded("healthy/phase1_node1.txt"), 16)
     assert failed(facts.rows) == set()
-    assert len(facts.rows) == 16 * 11 + 4  # 10 NPU checks + hccn_conf per NPU; nic, local_ip, driver, firmware
+    assert len(facts.rows) == 16 * 12 + 4  # 11 NPU checks + hccn_conf per NPU; nic, local_ip, driver, firmware
     assert facts.nic_ips[3] == "10.213.67.11" and facts.vnic_ips[15] == "10.213.111.11"
     assert set(facts.tls.values()) == {"0"} and set(facts.super_pod.values()) == {"0"}
     assert (facts.driver, facts.firmware) == ("24.1.rc3.7", "7.5.0.5.220")
@@ -89,7 +101,7 @@ def test_a_section_the_batch_never_printed_fails_as_cut_short():
     facts = interpret_phase1(node(1), outputs, 16)
     assert failed(facts.rows) == {("node1", 4, "link"), ("node1", None, "local_ip")}
     assert all("cut short" in r.detail for r in facts.rows if not r.ok)
-    assert len(facts.rows) == 16 * 11 + 4  # every check still has its row
+    assert len(facts.rows) == 16 * 12 + 4  # every check still has its row
     node0 = recorded("healthy/phase1_node0.txt", PORTS)
     del node0["ports"]
     assert failed(interpret_phase1(node(0), node0, 16, PORTS).rows) == {("node0", None, p) for p in PORTS}
@@ -154,7 +166,7 @@ def test_healthy_cluster_passes_with_one_script_per_node_per_phase():
     nodes = sim()
     report = run_comm_checks(nodes, cluster(), ServeConfig(), 60)
     assert report.ok and report.failures == ()
-    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 6 * 16 * 2  # + node 0 ports + both pings of 6 pairs
+    assert len(report.rows) == 4 * (16 * 12 + 4) + 2 + 6 * 16 * 2  # + node 0 ports + both pings of 6 pairs
     assert [t.scripts for t in nodes.values()] == [2, 2, 2, 2]
     assert report.summary() == f"comm OK: {len(report.rows)} checks on 4 nodes, 0 failed"
     assert set(report.phase_seconds) == {"local", "pings"}
@@ -208,13 +220,13 @@ def test_table_rows_are_strings_in_fixed_columns():
 def test_long_plans_run_as_several_scripts_in_turn(monkeypatch):
     monkeypatch.setattr(runner, "MAX_SECTIONS", 40)
     nodes = sim()
-    nodes["node0"].fail_after = 5  # phase 1 takes 4 scripts (151 sections), phase 2 2 (64 pings)
+    nodes["node0"].fail_after = 6  # phase 1 takes 5 scripts (167 sections), phase 2 2 (64 pings)
     report = run_comm_checks(nodes, cluster(), ServeConfig(), 60)
-    assert [t.scripts for t in nodes.values()] == [5, 6, 5, 5]
+    assert [t.scripts for t in nodes.values()] == [6, 7, 6, 6]
     lost = [r for r in report.failures if r.check != "reach"]
     assert {(r.node, r.check) for r in report.failures} == {("node0", "reach"), ("node0", "hccs_ping")}
     assert len(lost) == 64 - 40 and all(r.detail.endswith(": no output") for r in lost)
-    assert len(report.rows) == 4 * (16 * 11 + 4) + 2 + 6 * 16 * 2 + 1  # every row still there, + node0's reach
+    assert len(report.rows) == 4 * (16 * 12 + 4) + 2 + 6 * 16 * 2 + 1  # every row still there, + node0's reach
 
 
 def test_a_node_without_transport_is_a_programming_error():
@@ -231,7 +243,7 @@ HOST_ONLY = {"nic", "local_ip", "service_port", "rpc_port"}
 def test_without_npus_the_plan_holds_only_the_host_sections():
     assert [s.key for s in phase1_sections(0, ToolPaths(), PORTS)] == ["links", "addrs", "ports"]
     assert [s.key for s in phase1_sections(0, ToolPaths())] == ["links", "addrs"]
-    assert len(phase1_sections(1, ToolPaths())) == 1 + 9 + 5  # one NPU: every group again
+    assert len(phase1_sections(1, ToolPaths())) == 1 + 10 + 5  # one NPU: every group again
 
 
 def test_without_npus_no_npu_tool_is_called_and_every_npu_group_is_not_applicable():

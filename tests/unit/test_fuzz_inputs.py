@@ -40,7 +40,8 @@ from k3deploy.tasks.batch import SectionOutput, parse_output
 from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
-from k3deploy.tasks.comm.report import Finding
+from k3deploy.tasks.comm.checks import PARSERS
+from k3deploy.tasks.comm.finding import Finding
 from k3deploy.tasks.comm.runner import NodeFacts, cross_node, interpret_phase1, phase1_sections
 from k3deploy.tasks.image.build import UnreadableCheckout, parse_checkout
 from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
@@ -281,9 +282,9 @@ def test_parse_npu_smi_info(text: str, rc: int | None, npus: int, dies: int) -> 
 
 
 @SETTINGS
-@given(st.sampled_from(sorted(nc.HCCN_PARSERS)), texts(COMM), RC, st.integers(0, 15))
+@given(st.sampled_from(sorted(PARSERS)), texts(COMM), RC, st.integers(0, 15))
 def test_hccn_tool_parsers(query: str, text: str, rc: int | None, npu: int) -> None:
-    assert_findings(project_errors_only(lambda: nc.HCCN_PARSERS[query](NODE, npu, text, rc)))
+    assert_findings(project_errors_only(lambda: PARSERS[query](NODE, npu, text, rc)))
 
 
 @SETTINGS

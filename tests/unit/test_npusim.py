@@ -91,6 +91,7 @@ def test_hccn_tool_single_line_outputs_match_the_documented_text() -> None:
     n1 = BED.host("node1").npus[5]
     assert hccn("-i", "5", "-link", "-g", host="node1").out == "link status: UP\n"
     assert hccn("-i", "5", "-net_health", "-g").out == "net health status: Success\n"
+    assert hccn("-i", "5", "-speed", "-g").out == "Speed: 100000 Mb/s\n"  # tests/data/comm/published
     assert hccn("-i", "5", "-netdetect", "-g", host="node1").out == f"netdetect addr: {n1.gateway}\n"
     assert hccn("-i", "5", "-gateway", "-g", host="node1").out == f"default gateway:{n1.gateway}, Iface:eth5\n"
     assert hccn("-i", "5", "-ip", "-g", host="node1").out == f"ipaddr:{n1.ip}\nnetmask:255.255.255.0\n"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.tasks.batch import render_script
+from k3deploy.tasks.comm.checks import HCCN_QUERIES
 from k3deploy.tasks.comm.runner import phase1_sections
 from k3deploy.tasks.node_facts import ToolPaths
 from testbed.layout import load_state, resolve_state_file
@@ -45,7 +46,7 @@ def healthy_singles() -> dict[str, str]:
     """File name → command of every single-command recording on a healthy node1 (NPU 3)."""
     return {
         "npu_smi_info": f"{S} info",
-        **{q: hccn(NPU, q) for q in ("lldp", "link", "net_health", "netdetect", "gateway", "ip", "tls", "vnic")},
+        **{q: hccn(NPU, q) for q in HCCN_QUERIES},
         "spod_info": spod(NPU),
         "hccn_conf": "cat /etc/hccn.conf",
         "ip_link": "ip -o link show",
