@@ -13,7 +13,6 @@ class Stage:
     name: str
     flow: str  # "module:attribute" of the Prefect flow, imported when first run
     summary: str
-    needs: tuple[str, ...] = ()  # stages whose effect this one stands on
     cached: bool = False  # persisted result: a retry of validate does not run it again once it passed
     options: tuple[str, ...] = ()  # the flow's own parameters besides `config`
     inputs: tuple[str, ...] = ()  # config sections a cached stage reads: a retry runs it again if they changed
@@ -26,63 +25,20 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     # Never cached: every run connects to every node and checks its host key first.
     Stage("preflight", "k3deploy.flows.preflight:preflight", "SSH with pinned host keys, node facts"),
-    Stage(
-        "models",
-        "k3deploy.flows.models:models",
-        "checkpoints verified on every node",
-        ("preflight",),
-        True,
-        ("download", "full_verify"),
-        ("cluster", "models"),
-    ),
-    Stage(
-        "comm",
-        "k3deploy.flows.comm:comm",
-        "NPU links and cross-node pings",
-        ("preflight",),
-        True,
-        ("fresh",),
-        ("cluster", "serve"),
-    ),
-    Stage(
-        "image",
-        "k3deploy.flows.image:image",
-        "one image everywhere, Kimi-K3 support inside",
-        ("preflight",),
-        True,
-        (),
-        ("cluster", "image", "serve"),
-    ),
+    Stage("models", "k3deploy.flows.models:models", "checkpoints verified on every node",
+          cached=True, options=("download", "full_verify"), inputs=("cluster", "models")),
+    Stage("comm", "k3deploy.flows.comm:comm", "NPU links and cross-node pings",
+          cached=True, options=("fresh",), inputs=("cluster", "serve")),
+    Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside",
+          cached=True, inputs=("cluster", "image", "serve")),
     # Never cached: what it starts is torn down at the end of every run.
-    Stage(
-        "launch",
-        "k3deploy.flows.launch:launch",
-        "serving and ready on every DP rank",
-        ("models", "comm", "image"),
-        False,
-        ("teardown_after",),
-    ),
-    # Never cached: they ask the service that this run started.
-    Stage(
-        "smoke",
-        "k3deploy.flows.smoke:smoke",
-        "real requests: chat, stream, tools, reasoning, cache, every rank",
-        ("launch",),
-    ),
-    Stage(
-        "bench",
-        "k3deploy.flows.bench:bench",
-        "vllm bench serve: every request served, figures vs baselines",
-        ("launch",),
-    ),
-    Stage(
-        "accuracy",
-        "k3deploy.flows.accuracy:accuracy",
-        "lm_eval and AISBench scores with their samples accounted for",
-        ("launch",),
-    ),
-    Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", (), False, ("run_id",)),
-)
+    Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", options=("teardown_after",)),
+    # Never cached: they ask the service that this run started (or one left up with --keep-serving).
+    Stage("smoke", "k3deploy.flows.smoke:smoke", "real requests: chat, stream, tools, reasoning, cache, every rank"),
+    Stage("bench", "k3deploy.flows.bench:bench", "vllm bench serve: every request served, figures vs baselines"),
+    Stage("accuracy", "k3deploy.flows.accuracy:accuracy", "lm_eval and AISBench scores, samples accounted for"),
+    Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", options=("run_id",)),
+)  # fmt: skip
 # `validate` always ends with teardown (unless keep_serving) and then writes the run record.
 FINAL = "teardown"
 
