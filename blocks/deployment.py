@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from k3deploy.blocks._types import StrictBlock
 from k3deploy.blocks.accuracy import AccuracyConfig
@@ -78,3 +78,17 @@ class DeploymentConfig(StrictBlock):
         data = self.model_dump(mode="json", exclude=NOT_SERVING)
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def public(self) -> dict[str, Any]:
+        """The config as JSON with every secret set to null (not masked: a mask still says a secret exists)."""
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, SecretStr):
+                return None
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items() if k != "block_type_slug"}
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            return value
+
+        return json.loads(json.dumps(clean(self.model_dump(mode="python")), default=str))

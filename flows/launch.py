@@ -6,54 +6,26 @@ use the service.
 """
 
 from dataclasses import asdict
-from typing import Any
 
 from prefect import flow, runtime
-from prefect.logging import get_logger
 
-from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import LaunchStageFailed
 from k3deploy.paths import run_folder
-from k3deploy.stage import FailureCause, FailureClass, Finding, StageResult
+from k3deploy.run_abort import serving, teardown_on_abort
+from k3deploy.stage import StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchFailed,
     LaunchRecord,
-    remove_containers,
-    remove_run_containers,
+    remove_servers_task,
     start_containers,
     wait_until_ready,
 )
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun
 
-# The config each running launch resolved, for the crash hook (it runs in the same process).
-_RUNNING: dict[str, DeploymentConfig] = {}
 
-
-def teardown_hook(flow: Any, flow_run: Any, state: Any) -> None:
-    """On crash or cancellation: remove what this run started, on every node.
-
-    A cancelled deployment run's hook runs in the runner's process, which knows only the
-    parameters: the config is then resolved again from its path or block name.
-    """
-    logger = get_logger("k3deploy.launch")
-    cfg = _RUNNING.pop(str(flow_run.id), None)
-    source = flow_run.parameters.get("config")
-    if cfg is None and isinstance(source, str):
-        cfg = resolve_config(source)
-    if cfg is None:
-        logger.error("launch %s ended %s; its config is unknown here: run `k3deploy teardown`", flow_run.id, state.name)
-        return
-    try:
-        removed = remove_run_containers(cfg, str(flow_run.id))
-        logger.info("launch ended %s; removed %s", state.name, removed)
-    except Exception:
-        logger.exception("teardown after %s failed: containers of run %s may be left", state.name, flow_run.id)
-        raise
-
-
-@flow(name="launch", on_crashed=[teardown_hook], on_cancellation=[teardown_hook])
+@flow(name="launch", on_crashed=[teardown_on_abort], on_cancellation=[teardown_on_abort])
 def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     """Serving on every node, ready for real requests on every DP rank, or failed naming node, rank and line."""
     cfg = resolve_config(config)
@@ -63,10 +35,9 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     logs = run_folder(str(runtime.flow_run.root_flow_run_id or run_id), "logs")
     plan = render_plan(cfg, run_id=run_id)  # the same renderer as `k3deploy plan`
     run.section("Commands", f"```sh\n{plan.to_text()}\n```")
-    _RUNNING[run_id] = cfg
     record, error, done = LaunchRecord(run_id), None, False
     removed: dict[str, list[str]] = {}
-    with run.guard():
+    with run.guard(), serving(run_id, cfg):
         try:
             try:
                 started = start_containers(cfg, plan)
@@ -74,10 +45,10 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
             except LaunchFailed as err:
                 record, error = err.record or record, err
             done = error is None
-        finally:  # a failure (or an error before the monitor took over) leaves nothing of this config running:
-            _RUNNING.pop(run_id, None)  # neither what this run started nor what it adopted from an earlier one
+        finally:  # a failure (or an error before the monitor took over) leaves nothing of this config running,
+            # neither what this run started nor what it adopted from an earlier one
             if not done or teardown_after:
-                removed = remove_containers(cfg, None)
+                removed = remove_servers_task(cfg, None)
                 names = [f"{node}: {', '.join(gone)}" for node, gone in removed.items() if gone]
                 run.note(f"removed {'; '.join(names) or 'nothing'}")
     run.data = asdict(record) | {"plan": plan.to_json(), "removed": removed}
@@ -85,15 +56,9 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
     for node, lines in record.tails.items():
         run.section(f"{node} (log: `{record.log_files.get(node, '?')}`)", "```\n" + "\n".join(lines) + "\n```")
     if error is not None:
-        where = f"{error.failure.node} (DP rank {error.failure.rank})" if error.failure else "the service"
-        run.findings = [Finding(where, "ready", False, str(error))]
-        cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=str(error))
+        run.findings = [error.finding()]
         if error.failure is not None:
             run.data["failed_rank"] = asdict(error.failure)
-            lost = error.failure
-            evidence = f"{lost.reason}: {lost.line}" if lost.line else lost.reason  # the cause, then the line
-            cause = FailureCause(failure_class=FailureClass.ENGINE, evidence=evidence, node=lost.node,
-                                 dp_rank=lost.rank)  # fmt: skip
-        run.failed(str(error), cause=cause)
+        run.failed(str(error), cause=error.cause())
     ranks = cfg.serve.data_parallel_size
     return run.passed(f"ready in {record.time_to_ready_s} s, {ranks} DP ranks, {record.burst_requests} requests")

@@ -8,10 +8,9 @@ from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import SmokeStageFailed
-from k3deploy.stage import FailureClass, Finding, StageResult
+from k3deploy.stage import StageResult
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.liveness import watching
-from k3deploy.tasks.smoke.driver import Row
 from k3deploy.tasks.smoke.steps import context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun
 
@@ -25,36 +24,11 @@ def smoke(config: ConfigSource) -> StageResult:
         ctx = context(cfg, served_vision(cfg))
         rows = watch.run(smoke_checks, cfg, ctx, watch.stop)
     url = service_url(cfg)
-    run.findings = [Finding(url, r.check, r.outcome.ok is not False, r.outcome.detail, _cause(r)) for r in rows]
-    run.table(
-        "checks",
-        [
-            {
-                "check": r.check,
-                "verdict": r.verdict,
-                "seconds": r.seconds,
-                "detail": r.outcome.detail,
-                "request": r.outcome.request,
-                "response": r.outcome.response,
-            }
-            for r in rows
-        ],
-        f"smoke checks against {url}",
-    )
-    run.data = {
-        "base_url": url,
-        "checks": [{"check": r.check, "verdict": r.verdict, "seconds": r.seconds, "detail": r.outcome.detail,
-                    "request": r.outcome.request, "response": r.outcome.response, **r.outcome.data} for r in rows],
-    }  # fmt: skip
+    run.findings = [r.finding(url) for r in rows]
+    run.table("checks", [r.as_dict() for r in rows], f"smoke checks against {url}")
+    run.data = {"base_url": url, "checks": [r.as_dict() | r.outcome.data for r in rows]}
     for r in rows:
         if r.outcome.ok is None:
             run.note(f"{r.check}: not applicable: {r.outcome.detail}")
     counts = {verdict: sum(r.verdict == verdict for r in rows) for verdict in ("pass", "fail", "not-applicable")}
     return run.passed(", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n))
-
-
-def _cause(row: Row) -> FailureClass | None:
-    """A failed check whose requests were answered is the model's; one left unanswered, the engine's."""
-    if row.outcome.ok is not False:
-        return None
-    return FailureClass.ENGINE if row.unserved else FailureClass.MODEL

@@ -5,7 +5,7 @@ from prefect import flow
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import TeardownFailed, TeardownIncomplete
 from k3deploy.stage import Finding, StageResult
-from k3deploy.tasks.launch.steps import remove_containers, removed_summary
+from k3deploy.tasks.launch.steps import remove_servers_task, removed_summary
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -17,7 +17,7 @@ def teardown(config: ConfigSource, run_id: str | None = None) -> StageResult:
     problems: dict[str, str] = {}
     with run.guard():
         try:
-            removed = remove_containers(cfg, run_id)
+            removed = remove_servers_task(cfg, run_id)
         except TeardownIncomplete as err:  # what could be removed was; each other node is named
             removed, problems = err.removed, err.problems
     run.findings = [

@@ -9,30 +9,25 @@ launch and what follows always run. A run cancelled or crashed mid-way tears the
 from its hooks (in the process that killed it).
 """
 
-import hashlib
-import json
 from collections.abc import Callable
 from contextlib import nullcontext
 from enum import StrEnum
 from typing import Any
 
-from prefect import flow, get_client, runtime, task
-from prefect.artifacts import create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-from prefect.context import TaskRunContext
-from prefect.logging import get_logger, get_run_logger
+from prefect import flow, runtime
+from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.cluster_lock import hold_cluster
 from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, select
-from k3deploy.record import RunRecord, build_record, public_config, write_record
+from k3deploy.record import build_record
+from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
-from k3deploy.run_report import write_report
+from k3deploy.run_report import record_run, write_report
 from k3deploy.stage import StageResult, Verdict, now
-from k3deploy.tasks.launch.steps import remove_run_containers
+from k3deploy.tasks.stage_cache import passed_stage, stage_inputs_key
 from k3deploy.tasks.stage_run import error_cause
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
@@ -46,26 +41,6 @@ def _tell(stage: str, result: StageResult | None) -> None:
         listener(stage, result)
 
 
-def stage_inputs_key(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> str:
-    """This run, this stage and what it reads: a retry of the run skips the stage only if these are the same."""
-    public = public_config(cfg)
-    inputs = {section: public.get(section) for section in stage.inputs}
-    inputs["options"] = {k: v for k, v in options.items() if k in stage.options}
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"k3deploy-stage-{run_id}-{stage.name}-{digest}"
-
-
-def _stage_key(_context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return str(parameters["key"])
-
-
-@task(name="passed stage", task_run_name="{name}", cache_key_fn=_stage_key, persist_result=True)
-def passed_stage(name: str, cfg: DeploymentConfig, options: dict[str, Any], key: str) -> StageResult:
-    """A cached stage as a subflow inside a task whose result persists only when it passed: on a Retry of
-    the validate run the task is a cache hit and the stage does not run again (a failure raises, uncached)."""
-    return BY_NAME[name].load()(config=cfg, **options)
-
-
 def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> StageResult:
     """One stage as a subflow; a failure comes back as its StageResult (the subflow run is Failed)."""
     _tell(stage.name, None)
@@ -73,9 +48,8 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     chosen = {k: v for k, v in options.items() if k in stage.options}
     try:
         if stage.cached:
-            state = passed_stage(
-                stage.name, cfg, chosen, stage_inputs_key(stage, cfg, options, run_id), return_state=True
-            )
+            key = stage_inputs_key(stage, cfg, options, run_id)
+            state = passed_stage(stage.name, stage.load(), cfg, chosen, key, return_state=True)
             result = state.result()
             if state.name == "Cached":
                 get_run_logger().info("%s passed in an earlier attempt of this run with the same inputs", stage.name)
@@ -94,54 +68,8 @@ def _first_failure(results: list[StageResult]) -> StageResult | None:
     return next((r for r in results if r.verdict is Verdict.FAIL), None)
 
 
-@task(name="write run record", cache_policy=NO_CACHE)
-def record_run(record: RunRecord) -> str:
-    path = write_record(record)
-    rows = [
-        {"stage": s.stage, "verdict": s.verdict.value, "seconds": s.seconds, "summary": s.summary or s.reason}
-        for s in record.stages
-    ]
-    create_table_artifact(rows, key="validate-stages", description=f"run {record.run_id}: {record.verdict}")
-    return str(path)
-
-
 AS_CONFIGURED_DRAFT = DraftChoice(AS_CONFIGURED)
 CONFIGURED_BENCH = BenchOptions()
-
-
-def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
-    """Cancelled (from the UI, `prefect flow-run cancel`) or crashed: nothing of this run's config keeps serving.
-
-    Runs where the run was killed (the worker's or runner's process), which knows only the parameters:
-    the config is resolved again from its path or block name, with the run's draft choice (it changes
-    what was served). A run whose worker itself died runs no hook: `k3deploy teardown -c …` clears it.
-    """
-    logger = get_logger("k3deploy.validate")
-    if not stage_runs_of(flow_run.id):  # it never got the cluster (queued behind another run): not its service
-        logger.info("validate %s ended %s before any stage: nothing to tear down", flow_run.id, state.name)
-        return
-    params = flow_run.parameters
-    try:
-        cfg = apply_options(resolve_config(params["config"]), str(params.get("draft") or AS_CONFIGURED), BenchOptions())
-        removed = remove_run_containers(cfg)
-    except (K3DeployError, KeyError) as err:
-        logger.error("validate %s ended %s; teardown failed (%s): run `k3deploy teardown`", flow_run.id, state.name,
-                     err)  # fmt: skip
-        raise
-    if any(removed.values()):
-        logger.info("validate %s ended %s; removed %s", flow_run.id, state.name, removed)
-    else:
-        logger.warning("validate %s ended %s; no server of its config (fingerprint %s) found: if its config "
-                       "changed since, run `k3deploy teardown` with the one it ran", flow_run.id, state.name,
-                       cfg.fingerprint())  # fmt: skip
-
-
-def stage_runs_of(run_id: Any) -> list[Any]:
-    """The stage subflow runs a validate run started: only a run holding the cluster starts any."""
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])), limit=1
-        )
 
 
 @flow(name="validate", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
@@ -178,7 +106,7 @@ def validate(
     # The top-level run holds the cluster; a validate called as a subflow runs under its parent's turn.
     top_level = runtime.flow_run.parent_flow_run_id is None
     turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
-    with turn:
+    with turn, serving(run_id, cfg):
         started = now()
         results = run_stages(
             chosen, cfg, {"fresh": fresh, "download": download, "full_verify": full_verify}, run_id, keep_serving

@@ -21,7 +21,7 @@ from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
 from k3deploy.stage import FailureClass
 from k3deploy.tasks.bench.results import HEADLINE, higher_is_better
-from k3deploy.tasks.bench.results import compare as bench_compare
+from k3deploy.tasks.bench.results import against_baselines
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
 MAD_FACTOR = 3.0  # tolerance = MAD_FACTOR × 1.4826 × MAD (a robust 3 sigma) ...
@@ -333,7 +333,7 @@ def _config_baselines(record: RunRecord) -> list[MetricVerdict]:
     for cell in bench_cells(record) if baselines else []:
         if not cell["valid"]:
             continue  # named once, by invalid_cells
-        for c in bench_compare(cell["workload"], cell["concurrency"], cell["figures"], baselines):
+        for c in against_baselines(cell["workload"], cell["concurrency"], cell["figures"], baselines):
             key = f"bench {cell['workload']} c{cell['concurrency']} {c.metric}"
             if c.value is None:
                 out.append(MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; bench.baselines "

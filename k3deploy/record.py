@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, UnreadableEvidence
@@ -202,22 +202,6 @@ def scan_records(root: Path | None = None) -> RecordScan:
     return RecordScan(sorted(records, key=lambda r: r.started_at, reverse=True), unreadable)
 
 
-def public_config(cfg: DeploymentConfig) -> dict[str, Any]:
-    """The config as JSON with every secret set to null (not masked: a mask still says a secret exists)."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items() if k != "block_type_slug"}
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        return value
-
-    plain = clean(cfg.model_dump(mode="python"))
-    return json.loads(json.dumps(plain, default=str))
-
-
 def build_record(
     run_id: str,
     run_name: str | None,
@@ -243,7 +227,7 @@ def build_record(
         failed_stage=failed,
         failure=first.failure if first else None,
         config_fingerprint=cfg.fingerprint(),
-        config=public_config(cfg),
+        config=cfg.public(),
         node_facts=preflight.data.get("nodes", {}) if preflight else {},
         host_keys=preflight.data.get("host_keys", {}) if preflight else {},
         checkpoints=[

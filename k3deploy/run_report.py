@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.errors import K3DeployError
 from k3deploy.history import Comparison, compare
 from k3deploy.paths import runs_dir
-from k3deploy.record import RECORD_NAME, RunRecord, read_record, scan_records
+from k3deploy.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.report import html_page, markdown
 
 HISTORY_RUNS = 10
@@ -73,3 +73,15 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
     for unreadable in comparison.unreadable:
         logger.warning("history leaves out an unreadable record: %s", unreadable)
     return {"report": links["HTML report"], "comparison": comparison.verdict.value}
+
+
+@task(name="write run record", cache_policy=NO_CACHE)
+def record_run(record: RunRecord) -> str:
+    """The record written whole, and its stages as the run's table artifact."""
+    path = write_record(record)
+    rows = [
+        {"stage": s.stage, "verdict": s.verdict.value, "seconds": s.seconds, "summary": s.summary or s.reason}
+        for s in record.stages
+    ]
+    create_table_artifact(rows, key="validate-stages", description=f"run {record.run_id}: {record.verdict}")
+    return str(path)

@@ -193,7 +193,7 @@ def ais_scores(
     return scores
 
 
-def compare(score: Score, scoring: Scoring) -> tuple[bool, str] | None:
+def against_baseline(score: Score, scoring: Scoring) -> tuple[bool, str] | None:
     """|score − baseline| ≤ threshold, or None when no baseline is set."""
     if scoring.baseline is None:
         return None

@@ -148,7 +148,9 @@ def applies(baseline: Baseline, workload: str, concurrency: int) -> bool:
     return baseline.workload == workload and baseline.concurrency in (None, concurrency)
 
 
-def compare(workload: str, concurrency: int, figures: dict[str, float], baselines: list[Baseline]) -> list[Comparison]:
+def against_baselines(
+    workload: str, concurrency: int, figures: dict[str, float], baselines: list[Baseline]
+) -> list[Comparison]:
     """Each baseline that applies to this cell: throughput ≥ threshold × baseline, latency ≤ threshold × baseline."""
     out = []
     for b in baselines:

@@ -14,7 +14,7 @@ from typing import Any
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.stage import FailureClass, Finding
 from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
-from k3deploy.tasks.bench.results import BenchRun, compare
+from k3deploy.tasks.bench.results import BenchRun, against_baselines
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
 from k3deploy.tasks.render import Plan
 
@@ -47,7 +47,7 @@ class Sweep:
             subject = f"{workload} c{concurrency}"
             invalid = None if judged.valid else FailureClass.TOOL  # the measurement is not evidence
             self.findings.append(Finding(subject, "valid cell", judged.valid, summary(judged), invalid))
-            comparisons = compare(workload, concurrency, judged.figures, cfg.bench.baselines)
+            comparisons = against_baselines(workload, concurrency, judged.figures, cfg.bench.baselines)
             for c in comparisons:
                 seen = "missing" if c.value is None else f"{c.value:g}"
                 self.findings.append(Finding(subject, f"{c.metric} vs baseline", c.ok, f"{seen} {c.rule}"))

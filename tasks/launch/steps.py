@@ -14,6 +14,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, TeardownIncomplete
+from k3deploy.stage import FailureCause, FailureClass, Finding
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
 from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
@@ -35,6 +36,18 @@ class LaunchFailed(K3DeployError):
         super().__init__(message)
         self.failure = failure
         self.record: LaunchRecord | None = None
+
+    def finding(self) -> Finding:
+        where = f"{self.failure.node} (DP rank {self.failure.rank})" if self.failure else "the service"
+        return Finding(where, "ready", False, str(self))
+
+    def cause(self) -> FailureCause:
+        """The engine's, with the rank lost and its line (the cause, then the line) when the monitor named one."""
+        lost = self.failure
+        if lost is None:
+            return FailureCause(failure_class=FailureClass.ENGINE, evidence=str(self))
+        evidence = f"{lost.reason}: {lost.line}" if lost.line else lost.reason
+        return FailureCause(failure_class=FailureClass.ENGINE, evidence=evidence, node=lost.node, dp_rank=lost.rank)
 
 
 @dataclass
@@ -125,7 +138,7 @@ def _raise_if_failed(monitor: LaunchMonitor) -> None:
         raise LaunchFailed(monitor.failure.describe(), monitor.failure)
 
 
-def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
+def remove_servers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
     """Stop and remove this config's containers or processes (of one run, when given) on every node it can
     reach, then prove none is left there; a node it cannot reach or trust does not stop the others."""
     labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
@@ -157,9 +170,9 @@ def remove_run_containers(cfg: DeploymentConfig, run_id: str | None = None) -> d
     return removed
 
 
-@task(name="remove containers", cache_policy=NO_CACHE)
-def remove_containers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
-    removed = remove_run_containers(cfg, run_id)
+@task(name="remove servers", cache_policy=NO_CACHE)
+def remove_servers_task(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
+    removed = remove_servers(cfg, run_id)
     get_run_logger().info("removed: %s", {n: names for n, names in removed.items() if names} or "nothing")
     return removed
 

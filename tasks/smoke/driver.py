@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
+from k3deploy.stage import FailureClass, Finding
 from k3deploy.tasks.smoke.checks import Burst, Call, Check, Context, Outcome, Reply
 
 
@@ -29,6 +31,18 @@ class Row:
     @property
     def verdict(self) -> str:
         return {True: "pass", False: "fail", None: "not-applicable"}[self.outcome.ok]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The table's row: the check, its verdict and time, and the request and reply behind it."""
+        out = self.outcome
+        return {"check": self.check, "verdict": self.verdict, "seconds": self.seconds, "detail": out.detail,
+                "request": out.request, "response": out.response}  # fmt: skip
+
+    def finding(self, subject: str) -> Finding:
+        """A failed check whose requests were answered is the model's; one left unanswered, the engine's."""
+        failed = self.outcome.ok is False
+        cause = (FailureClass.ENGINE if self.unserved else FailureClass.MODEL) if failed else None
+        return Finding(subject, self.check, not failed, self.outcome.detail, cause)
 
 
 def send(http: httpx.Client, call: Call, timeout: float) -> Reply:

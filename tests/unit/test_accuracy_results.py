@@ -14,7 +14,7 @@ import pytest
 from k3deploy.blocks.accuracy import AisBenchSettings, LmEvalSettings, Scoring
 from k3deploy.errors import UnreadableEvidence
 from k3deploy.tasks.accuracy import commands
-from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, compare, dataset_hash, lm_eval_scores
+from k3deploy.tasks.accuracy.results import Evidence, Score, against_baseline, ais_scores, dataset_hash, lm_eval_scores
 
 pytestmark = pytest.mark.accuracy
 DATA = Path(__file__).parents[1] / "data" / "accuracy"
@@ -177,9 +177,9 @@ def test_the_lm_eval_task_size_is_read_from_the_tasks_own_data_file():
 
 def test_baseline_within_threshold():
     (score,) = lm_eval(read(LM / "results_k3_arith.json"))
-    assert compare(score, Scoring()) is None
-    assert compare(score, Scoring(baseline=0.01, threshold=0.02)) == (True, "|0 − 0.01| = 0.01 ≤ 0.02")
-    assert compare(score, Scoring(baseline=0.5, threshold=0.02))[0] is False  # type: ignore[index]
+    assert against_baseline(score, Scoring()) is None
+    assert against_baseline(score, Scoring(baseline=0.01, threshold=0.02)) == (True, "|0 − 0.01| = 0.01 ≤ 0.02")
+    assert against_baseline(score, Scoring(baseline=0.5, threshold=0.02))[0] is False  # type: ignore[index]
 
 
 def test_dataset_hash_changes_with_content_not_order():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.bench import Baseline
-from k3deploy.tasks.bench.results import FIGURES, acceptance, compare, parse_result
+from k3deploy.tasks.bench.results import FIGURES, acceptance, against_baselines, parse_result
 
 pytestmark = pytest.mark.bench
 DATA = Path(__file__).parents[1] / "data" / "bench"
@@ -60,7 +60,7 @@ def test_baselines_higher_for_throughput_lower_for_latency():
         Baseline(metric="output_throughput", value=1, concurrency=8),  # another concurrency
         Baseline(metric="p95_ttft_ms", value=1, threshold=1.2),  # not measured: fails, never passes silently
     ]
-    assert [(c.metric, c.ok) for c in compare(run.workload, run.concurrency, run.figures, baselines)] == [
+    assert [(c.metric, c.ok) for c in against_baselines(run.workload, run.concurrency, run.figures, baselines)] == [
         ("output_throughput", True),
         ("output_throughput", False),
         ("mean_ttft_ms", True),

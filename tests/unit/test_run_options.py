@@ -10,8 +10,8 @@ from k3deploy.blocks import parse_config
 from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ConfigError
 from k3deploy.flows.registry import BY_NAME
-from k3deploy.flows.validate import stage_inputs_key
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, BenchWorkloads, apply_options
+from k3deploy.tasks.stage_cache import stage_inputs_key
 from tests.configs import site_data
 
 pytestmark = pytest.mark.prefect
