@@ -6,7 +6,7 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import CommStageFailed
 from k3deploy.stage import StageResult
 from k3deploy.tasks.comm.report import CommReport
-from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, findings, reach_every_node
+from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, reach_every_node
 from k3deploy.tasks.stage_run import StageRun
 
 
@@ -27,7 +27,7 @@ def comm(config: ConfigSource, fresh: bool = False) -> StageResult:
             report: CommReport = comm_checks.with_options(refresh_cache=fresh)(cfg)
         except CommChecksFailed as err:
             report = err.report
-    run.findings = findings(report)
+    run.findings = list(report.rows)
     run.data = {
         "summary": report.summary(),
         "phase_seconds": dict(report.phase_seconds),

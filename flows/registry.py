@@ -1,11 +1,33 @@
-"""The stage registry: every stage once, in pipeline order. The CLI, `validate` and the deployments read it.
+"""The stage registry: every stage once, in pipeline order, and the options they take as one model.
 
-Imports nothing heavy, so the CLI can name and check stages before Prefect starts.
+The CLI (its stage names and flags), `validate` (its stages and its form) and the deployments read it.
+Imports nothing heavy (pydantic, no Prefect), so the CLI can name and check stages before Prefect starts.
 """
+
+from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StageOptions(BaseModel):
+    """What a person may choose for the stages of one run: one group in validate's form (so the UI's), the
+    CLI's flags take their help from it, and each stage flow takes the fields its registry entry names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    download: bool = Field(default=True, description="models: download missing or bad checkpoint files (else fail).")
+    full_verify: bool = Field(
+        default=False, description="models: hash every checkpoint file on every node, whatever manifests say."
+    )
+    fresh: bool = Field(default=False, description="comm: run the checks again even when a pass is recent.")
+
+    def of(self, stage: Stage) -> dict[str, Any]:
+        """The options `stage`'s flow takes, as its keyword arguments."""
+        return {name: getattr(self, name) for name in stage.options}
 
 
 @dataclass(frozen=True)
@@ -14,8 +36,14 @@ class Stage:
     flow: str  # "module:attribute" of the Prefect flow, imported when first run
     summary: str
     cached: bool = False  # persisted result: a retry of validate does not run it again once it passed
-    options: tuple[str, ...] = ()  # the flow's own parameters besides `config`
+    options: tuple[str, ...] = ()  # the StageOptions fields the flow takes (parameters of the same name)
+    alone: tuple[str, ...] = ()  # parameters only a run of the stage by itself sets (`k3deploy rerun -c`)
     inputs: tuple[str, ...] = ()  # config sections a cached stage reads: a retry runs it again if they changed
+
+    def __post_init__(self) -> None:
+        unknown = set(self.options) - set(StageOptions.model_fields)
+        if unknown:
+            raise ValueError(f"stage {self.name}: options {sorted(unknown)} are not StageOptions fields")
 
     def load(self) -> Any:
         module, attribute = self.flow.split(":")
@@ -32,12 +60,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside",
           cached=True, inputs=("cluster", "image", "serve")),
     # Never cached: what it starts is torn down at the end of every run.
-    Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", options=("teardown_after",)),
+    Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", alone=("teardown_after",)),
     # Never cached: they ask the service that this run started (or one left up with --keep-serving).
     Stage("smoke", "k3deploy.flows.smoke:smoke", "real requests: chat, stream, tools, reasoning, cache, every rank"),
     Stage("bench", "k3deploy.flows.bench:bench", "vllm bench serve: every request served, figures vs baselines"),
     Stage("accuracy", "k3deploy.flows.accuracy:accuracy", "lm_eval and AISBench scores, samples accounted for"),
-    Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", options=("run_id",)),
+    Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", alone=("run_id",)),
 )  # fmt: skip
 # `validate` always ends with teardown (unless keep_serving) and then writes the run record.
 FINAL = "teardown"

@@ -21,7 +21,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.cluster_lock import hold_cluster
 from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
-from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, select
+from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions, select
 from k3deploy.record import build_record
 from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
@@ -70,6 +70,7 @@ def _first_failure(results: list[StageResult]) -> StageResult | None:
 
 AS_CONFIGURED_DRAFT = DraftChoice(AS_CONFIGURED)
 CONFIGURED_BENCH = BenchOptions()
+STAGE_DEFAULTS = StageOptions()
 
 
 @flow(name="validate", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
@@ -79,10 +80,8 @@ def validate(
     from_stage: StageName | None = None,
     draft: DraftChoice = AS_CONFIGURED_DRAFT,
     bench: BenchOptions = CONFIGURED_BENCH,
+    stages: StageOptions = STAGE_DEFAULTS,
     keep_serving: bool = False,
-    fresh: bool = False,
-    download: bool = True,
-    full_verify: bool = False,
 ) -> dict[str, Any]:
     """preflight → … → launch → smoke → bench → accuracy → teardown, then the run record and the report.
 
@@ -92,10 +91,8 @@ def validate(
         from_stage: Run from this stage on (preflight always runs first).
         draft: The DSpark draft to serve with: as configured, none, or one of the known drafts.
         bench: This run's bench workloads, concurrency sweep and a baseline run to compare with.
+        stages: The stages' own options: download, full_verify (models), fresh (comm).
         keep_serving: Leave the service running at the end instead of tearing it down.
-        fresh: Run cached checks (comm) again even when a pass is recent.
-        download: Download missing or bad checkpoint files (else fail).
-        full_verify: Hash every checkpoint file on every node, whatever the manifests and caches say.
     """
     cfg = apply_options(resolve_config(config), str(draft), bench)
     run_id = str(runtime.flow_run.id)
@@ -108,9 +105,7 @@ def validate(
     turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
     with turn, serving(run_id, cfg):
         started = now()
-        results = run_stages(
-            chosen, cfg, {"fresh": fresh, "download": download, "full_verify": full_verify}, run_id, keep_serving
-        )
+        results = run_stages(chosen, cfg, stages.model_dump(), run_id, keep_serving)
         record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
         path = record_run(record)
     report = write_report(record, bench.baseline_run)

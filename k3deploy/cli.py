@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 
 from k3deploy.errors import ConfigError, K3DeployError, StageFailed
+from k3deploy.flows.registry import StageOptions
 
 if TYPE_CHECKING:
     from k3deploy.blocks.deployment import DeploymentConfig
@@ -56,6 +57,23 @@ class Format(StrEnum):
 
 
 FormatOption = Annotated[Format, typer.Option("--format", "-f", help="text for people, or json.")]
+
+
+def _stage_flag(field: str, flag: str) -> Any:
+    """A flag for one StageOptions field, with the field's description as its help (`--no-…` turns it off)."""
+    description = StageOptions.model_fields[field].description or field
+    off = flag.startswith("--no-")
+    return typer.Option(flag, help=f"{description} This flag turns it off." if off else description)
+
+
+# The stages' options (flows/registry.py's StageOptions), the same flags for `run` and `rerun`.
+Fresh = Annotated[bool, _stage_flag("fresh", "--fresh")]
+NoDownload = Annotated[bool, _stage_flag("download", "--no-download")]
+FullVerify = Annotated[bool, _stage_flag("full_verify", "--full-verify")]
+
+
+def _stage_options(fresh: bool, no_download: bool, full_verify: bool) -> StageOptions:
+    return StageOptions(fresh=fresh, download=not no_download, full_verify=full_verify)
 
 
 VERBOSE = {"on": False}
@@ -147,21 +165,15 @@ def config_reference() -> None:
     typer.echo(reference())
 
 
-def _stage_names() -> list[str]:
-    from k3deploy.flows.registry import STAGES
-
-    return [s.name for s in STAGES]
-
-
 @app.command()
 def run(
     config: ConfigPath,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run just this stage (repeatable).")] = None,
     start: Annotated[str | None, typer.Option("--from", help="Run from this stage on.")] = None,
     keep_serving: Annotated[bool, typer.Option("--keep-serving", help="Leave the service up at the end.")] = False,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Run comm's checks even if a pass is recent.")] = False,
-    no_download: Annotated[bool, typer.Option("--no-download", help="Fail instead of downloading.")] = False,
-    full_verify: Annotated[bool, typer.Option("--full-verify", help="Hash every checkpoint file anew.")] = False,
+    fresh: Fresh = False,
+    no_download: NoDownload = False,
+    full_verify: FullVerify = False,
     runs_dir: RunsDir = None,
 ) -> None:
     """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
@@ -182,10 +194,8 @@ def run(
             config=_source(config),
             only=only or None,
             from_stage=start,
+            stages=_stage_options(fresh, no_download, full_verify),
             keep_serving=keep_serving,
-            fresh=fresh,
-            download=not no_download,
-            full_verify=full_verify,
             return_state=True,
         )
     _print_run(str(state.state_details.flow_run_id), state, info.ui, log)
@@ -224,11 +234,9 @@ def rerun(
         Path | None,
         typer.Option("--config", "-c", help="Deployment YAML or saved block: run the stage TARGET again alone."),
     ] = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="comm: run the checks even if a pass is recent.")] = False,
-    no_download: Annotated[bool, typer.Option("--no-download", help="models: fail instead of downloading.")] = False,
-    full_verify: Annotated[
-        bool, typer.Option("--full-verify", help="models: hash every file on every node, whatever manifests say.")
-    ] = False,
+    fresh: Fresh = False,
+    no_download: NoDownload = False,
+    full_verify: FullVerify = False,
     teardown_after: Annotated[bool, typer.Option("--teardown-after", help="launch: remove it once ready.")] = False,
     fmt: FormatOption = Format.text,
     runs_dir: RunsDir = None,
@@ -250,9 +258,10 @@ def rerun(
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     _config(config)
-    options = {"fresh": fresh, "download": not no_download, "teardown_after": teardown_after}
-    options["full_verify"] = full_verify
-    _run_one(chosen.name, _source(config), {k: v for k, v in options.items() if k in chosen.options}, fmt)
+    options = _stage_options(fresh, no_download, full_verify).of(chosen)
+    if "teardown_after" in chosen.alone:
+        options["teardown_after"] = teardown_after
+    _run_one(chosen.name, _source(config), options, fmt)
 
 
 def _retry(run: str) -> None:

@@ -20,8 +20,7 @@ from typing import Any
 from k3deploy.blocks.bench import Baseline
 from k3deploy.record import RunRecord
 from k3deploy.stage import FailureClass
-from k3deploy.tasks.bench.results import HEADLINE, higher_is_better
-from k3deploy.tasks.bench.results import against_baselines
+from k3deploy.tasks.bench.results import HEADLINE, against_baselines, higher_is_better
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by
 MAD_FACTOR = 3.0  # tolerance = MAD_FACTOR × 1.4826 × MAD (a robust 3 sigma) ...

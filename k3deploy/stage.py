@@ -35,13 +35,17 @@ class FailureClass(StrEnum):
 class Finding:
     """One row of what a stage checked: the subject (a node, 'node1 NPU 3', a checkpoint, a request),
     the check, the outcome, and the value seen or what is wrong and where. A failed finding may say
-    whose problem it is (`cause`); otherwise its stage's default class applies."""
+    whose problem it is (`cause`); otherwise its stage's default class applies. Where a stage knows
+    the place as parts (comm: node, NPU, the peer node of a ping) it gives them too."""
 
     subject: str
     check: str
     ok: bool
     detail: str = ""
     cause: FailureClass | None = None
+    node: str | None = None
+    npu: int | None = None
+    peer: str | None = None
 
 
 class FailureCause(BaseModel):

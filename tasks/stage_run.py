@@ -99,7 +99,7 @@ class StageRun:
         if bad is None:
             return FailureCause(failure_class=default, evidence=reason)
         evidence = f"{bad.subject}: {bad.check}: {bad.detail}"
-        return FailureCause(failure_class=bad.cause or default, evidence=evidence)
+        return FailureCause(failure_class=bad.cause or default, evidence=evidence, node=bad.node)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[StageRun]:

@@ -20,12 +20,22 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 
 
-def task_states(flow_state: Any) -> dict[str, str]:
-    """Task name (without Prefect's run suffix) → state name, e.g. {"verify checkpoint": "Cached"}."""
+def task_states(flow_state: Any, within_s: float = 60) -> dict[str, str]:
+    """Task name (without Prefect's run suffix) → final state name, e.g. {"verify checkpoint": "Cached"}.
+
+    The server records task run states from events, after the flow has returned: a task may still read
+    Running for a moment, so this waits (bounded) until every task run of the flow has a final state.
+    """
     flow_run_id = flow_state.state_details.flow_run_id
+    deadline = time.monotonic() + within_s
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if all(r.state is not None and r.state.is_final() for r in runs):
+                return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs if r.state is not None}
+            pending = [r.name for r in runs if r.state is None or not r.state.is_final()]
+            assert time.monotonic() < deadline, f"task runs without a final state after {within_s} s: {pending}"
+            time.sleep(0.2)  # polling the server's record, not a wait for the machine
 
 
 def latest_artifact(key: str) -> str:

@@ -2,7 +2,6 @@
 
 from k3deploy.tasks.batch import Section, SectionOutput, parse_output, render_script
 from k3deploy.tasks.comm.cross import PingTarget, consistent, majority, ping_plan
-from k3deploy.tasks.comm.finding import Finding, Verdict
 from k3deploy.tasks.comm.report import CommReport, NotApplicable
 from k3deploy.tasks.comm.runner import run_comm_checks
 from k3deploy.tasks.comm.topology import board_die, logical_id
@@ -10,13 +9,11 @@ from k3deploy.tasks.node_facts import ToolPaths
 
 __all__ = [
     "CommReport",
-    "Finding",
     "NotApplicable",
     "PingTarget",
     "Section",
     "SectionOutput",
     "ToolPaths",
-    "Verdict",
     "board_die",
     "consistent",
     "logical_id",

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from k3deploy.stage import Finding
 from k3deploy.tasks.comm import npu_checks as nc
-from k3deploy.tasks.comm.finding import Finding
 from k3deploy.tasks.node_facts import ToolPaths
 
 Plane = Literal["roce", "hccs"]

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from k3deploy.agreement import majority
-from k3deploy.tasks.comm.finding import Finding, fail
+from k3deploy.stage import Finding
+from k3deploy.tasks.comm.finding import fail
 
 Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)
 
@@ -25,17 +26,18 @@ def consistent(rows: Sequence[Finding], values: Mapping[Key, str], what: str) ->
     usual = majority(values.values())
     out = []
     for row in rows:
-        value = values.get((row.node, row.npu))
+        node = row.node or row.subject  # comm's findings are placed (finding.placed)
+        value = values.get((node, row.npu))
         if not row.ok or value is None or value == usual:
             out.append(row)
             continue
-        here = row.node if row.npu is None else f"{row.node} NPU {row.npu}"
+        here = node if row.npu is None else f"{node} NPU {row.npu}"
         if usual is None:
             spread = "; ".join(f"{v} on {_nodes_with(values, v)}" for v in sorted(set(values.values())))
             detail = f"{what} {value} on {here}; no majority across nodes ({spread})"
         else:
             detail = f"{what} {value} on {here}, but {usual} on {_nodes_with(values, usual)}"
-        out.append(fail(row.node, row.npu, row.check, detail, row.peer))
+        out.append(fail(node, row.npu, row.check, detail, row.peer))
     return out
 
 

@@ -1,32 +1,19 @@
-"""One row of the comm stage: which node (and NPU, and peer for a ping), which check, and the line behind it."""
+"""The comm stage's rows are the stage contract's findings, placed: node, NPU, and the peer node of a ping."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-Verdict = Literal["ok", "fail"]
+from k3deploy.stage import Finding
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One verdict: which node (and NPU, and peer node for a ping), which check, and the line behind it."""
-
-    node: str
-    npu: int | None
-    check: str
-    verdict: Verdict
-    detail: str
-    peer: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict == "ok"
+def placed(node: str, npu: int | None, check: str, ok: bool, detail: str, peer: str | None = None) -> Finding:
+    """Subject 'node', 'node NPU n' or 'node NPU n → peer', with the parts kept for the report's columns."""
+    subject = f"{node}{f' NPU {npu}' if npu is not None else ''}{f' → {peer}' if peer else ''}"
+    return Finding(subject, check, ok, detail, node=node, npu=npu, peer=peer)
 
 
 def ok(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
-    return Finding(node, npu, check, "ok", detail, peer)
+    return placed(node, npu, check, True, detail, peer)
 
 
 def fail(node: str, npu: int | None, check: str, detail: str, peer: str | None = None) -> Finding:
-    return Finding(node, npu, check, "fail", detail, peer)
+    return placed(node, npu, check, False, detail, peer)

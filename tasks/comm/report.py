@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3deploy.stage import Finding
 from k3deploy.tasks.comm.checks import HOST_CHECKS, NPU_CHECKS, NPU_GROUPS
-from k3deploy.tasks.comm.finding import Finding
 
 _ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}
 
@@ -19,7 +19,7 @@ def sort_rows(rows: list[Finding], node_order: list[str]) -> list[Finding]:
     return sorted(
         rows,
         key=lambda f: (
-            rank.get(f.node, len(rank)),
+            rank.get(f.node or f.subject, len(rank)),
             f.npu is not None,
             f.npu or 0,
             _ORDER.get(f.check, len(_ORDER)),
@@ -65,11 +65,11 @@ class CommReport:
         """Rows for `prefect.artifacts.create_table_artifact(table=...)` (all strings, fixed columns)."""
         return [
             {
-                "node": r.node,
+                "node": r.node or r.subject,
                 "npu": "" if r.npu is None else str(r.npu),
                 "check": r.check,
                 "peer": r.peer or "",
-                "verdict": r.verdict,
+                "verdict": "ok" if r.ok else "fail",
                 "detail": r.detail,
             }
             for r in (self.failures if failures_only else self.rows)
@@ -93,7 +93,7 @@ class CommReport:
             return f"{line}; {self.not_applicable_summary()}" if self.not_applicable else line
         per_node: dict[str, Counter[str]] = {}
         for r in self.failures:
-            per_node.setdefault(r.node, Counter())[r.check] += 1
+            per_node.setdefault(r.node or r.subject, Counter())[r.check] += 1
         worst = sorted(per_node.items(), key=lambda kv: -sum(kv[1].values()))
         parts = [f"{node}: " + ", ".join(f"{c}×{k}" for c, k in sorted(cnt.items())) for node, cnt in worst]
         return f"comm FAILED: {len(self.failures)} of {n} checks on {nodes} nodes; " + "; ".join(parts)

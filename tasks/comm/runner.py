@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.errors import CommandTimeout, TransportError
+from k3deploy.stage import Finding
 from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.batch import Section, SectionOutput, first_line, parse_output, render_script
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.checks import NPU_GROUPS, PER_NPU, PLANE_CHECKS
 from k3deploy.tasks.comm.cross import Key, PingTarget, consistent, ping_plan
-from k3deploy.tasks.comm.finding import Finding, fail
+from k3deploy.tasks.comm.finding import fail
 from k3deploy.tasks.comm.report import CommReport, NotApplicable, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
 

@@ -14,7 +14,6 @@ from prefect.variables import Variable
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, TransportError
-from k3deploy.stage import Finding
 from k3deploy.tasks.comm.report import CommReport
 from k3deploy.tasks.comm.runner import run_comm_checks
 from k3deploy.tasks.transport.base import run_all
@@ -27,19 +26,6 @@ class CommChecksFailed(K3DeployError):
     def __init__(self, report: CommReport) -> None:
         super().__init__(report.summary())
         self.report = report
-
-
-def findings(report: CommReport) -> list[Finding]:
-    """The report's rows as the stage contract's findings: subject 'node', 'node NPU n' or 'node NPU n → peer'."""
-    return [
-        Finding(
-            f"{r.node}{f' NPU {r.npu}' if r.npu is not None else ''}{f' → {r.peer}' if r.peer else ''}",
-            r.check,
-            r.ok,
-            r.detail,
-        )
-        for r in report.rows
-    ]
 
 
 def _cluster_hash(cfg: DeploymentConfig) -> str:
@@ -58,8 +44,8 @@ def _epoch_variable(cfg: DeploymentConfig) -> str:
 
 def _comm_key(context: Any, parameters: dict[str, Any]) -> str:
     """The same nodes, addresses, NICs, NPU count and ports, and no failure since: a pass still holds."""
-    cfg: DeploymentConfig = parameters["cfg"]
-    return f"comm-{_cluster_hash(cfg)}-{Variable.get(_epoch_variable(cfg), default=0)}"
+    cfg: DeploymentConfig = parameters["cfg"]  # v2: the report's rows are the stage's findings (older won't load)
+    return f"comm-v2-{_cluster_hash(cfg)}-{Variable.get(_epoch_variable(cfg), default=0)}"
 
 
 @task(name="reach every node", cache_policy=NO_CACHE)

@@ -38,7 +38,7 @@ def test_without_a_majority_every_differing_row_fails_and_shows_the_split():
     values = {("node0", None): "a", ("node1", None): "b"}
     out = consistent([ok("node0", None, "firmware_version", "a"), ok("node1", None, "firmware_version", "b")],
                      values, "firmware")  # fmt: skip
-    assert [r.verdict for r in out] == ["fail", "fail"]
+    assert [r.ok for r in out] == [False, False]
     assert "no majority across nodes (a on node0; b on node1)" in out[0].detail
 
 

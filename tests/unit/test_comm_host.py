@@ -23,14 +23,14 @@ def test_recorded_interfaces_and_addresses():
 
 def test_nic_that_owns_local_ip_passes():
     rows = hc.parse_nic("node1", "eth0", "10.213.0.11", LINKS, ADDRS)
-    assert [(r.check, r.verdict) for r in rows] == [("nic", "ok"), ("local_ip", "ok")]
+    assert [(r.check, r.ok) for r in rows] == [("nic", True), ("local_ip", True)]
     assert rows[1].detail == "eth0 owns LOCAL_IP 10.213.0.11"
 
 
 def test_missing_nic_is_named_with_the_interfaces_there():
     nic, local = hc.parse_nic("node1", "enp189s0f0", "10.213.0.11", LINKS, ADDRS)
-    assert (nic.verdict, nic.detail) == ("fail", "NIC enp189s0f0 does not exist on node1; interfaces: lo, eth0")
-    assert (local.verdict, local.detail) == ("fail", "enp189s0f0 does not own LOCAL_IP 10.213.0.11; it is on eth0")
+    assert (nic.ok, nic.detail) == (False, "NIC enp189s0f0 does not exist on node1; interfaces: lo, eth0")
+    assert (local.ok, local.detail) == (False, "enp189s0f0 does not own LOCAL_IP 10.213.0.11; it is on eth0")
 
 
 def test_local_ip_nobody_owns_fails():
@@ -41,7 +41,7 @@ def test_local_ip_nobody_owns_fails():
 def test_ports_free_and_taken():
     ss = (DATA / "ss_node0.txt").read_text()
     rows = hc.parse_ports("node0", ss, 0, {"service_port": 8000, "rpc_port": 22})
-    assert [(r.check, r.verdict) for r in rows] == [("service_port", "ok"), ("rpc_port", "fail")]
+    assert [(r.check, r.ok) for r in rows] == [("service_port", True), ("rpc_port", False)]
     assert rows[1].detail == "port 22 is taken: LISTEN 0      128    10.213.0.10:22 0.0.0.0:*"
 
 

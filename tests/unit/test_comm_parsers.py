@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.stage import Finding
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.checks import NPU_GROUPS, NPU_TABLE, PARSERS, PLANE_CHECKS
-from k3deploy.tasks.comm.finding import Finding
 
 pytestmark = pytest.mark.comm
 DATA = Path(__file__).parents[1] / "data" / "comm"
@@ -40,7 +40,7 @@ def test_builders_quote_nothing_themselves_and_name_the_npu():
 
 def test_healthy_npu_smi_info_lists_16_healthy_npus():
     rows = nc.parse_npu_smi_info("node1", *rec("healthy/npu_smi_info.txt"), 16)
-    assert [(r.npu, r.verdict) for r in rows] == [(i, "ok") for i in range(16)]
+    assert [(r.npu, r.ok) for r in rows] == [(i, True) for i in range(16)]
     text = rec("healthy/npu_smi_info.txt")[0]
     assert rows[9].detail.startswith("health OK: | 4     Ascend910           | OK ")
     assert rows[9].detail.removeprefix("health OK: ") in text.splitlines()  # the board row, verbatim
@@ -56,7 +56,7 @@ def test_missing_and_critical_npus_are_named():
 
 def test_npu_smi_info_that_fails_is_one_node_row():
     row = only(nc.parse_npu_smi_info("node1", "bash: npu-smi: command not found\n", 127, 16))
-    assert (row.npu, row.verdict) == (None, "fail") and "command not found" in row.detail
+    assert (row.npu, row.ok) == (None, False) and "command not found" in row.detail
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_npu_smi_info_that_fails_is_one_node_row():
 )
 def test_healthy_hccn_outputs_pass_showing_the_line_the_guide_reads(query: str, detail: str):
     row = only(PARSERS[query]("node1", 3, *rec(f"healthy/{query}.txt")))
-    assert (row.node, row.npu, row.check, row.verdict, row.detail) == ("node1", 3, query, "ok", detail)
+    assert (row.node, row.npu, row.check, row.ok, row.detail) == ("node1", 3, query, True, detail)
 
 
 def test_values_for_phase_2_and_cross_node_checks():
@@ -89,12 +89,12 @@ def test_values_for_phase_2_and_cross_node_checks():
 
 def test_link_down_fails_with_its_line():
     row = only(nc.parse_link("node1", 3, *rec("faulty/link_npu3.txt")))
-    assert (row.npu, row.verdict, row.detail) == (3, "fail", "link status: DOWN")
+    assert (row.npu, row.ok, row.detail) == (3, False, "link status: DOWN")
 
 
 def test_net_health_other_than_success_fails():
     row = only(nc.parse_net_health("node1", 5, *rec("faulty/net_health_npu5.txt")))
-    assert (row.verdict, row.detail) == ("fail", "net health status: Socket fail")
+    assert (row.ok, row.detail) == (False, "net health status: Socket fail")
 
 
 def test_tls_is_read_here_and_judged_across_nodes():
@@ -107,13 +107,13 @@ def test_a_missing_npu_fails_every_query_with_the_tools_error(parse, name):
     text, rc = rec(f"faulty/{name}_npu15.txt")
     assert rc == 255
     row = only(parse("node1", 15, text, rc))
-    assert row.verdict == "fail"
+    assert row.ok is False
     assert row.detail == "exited 255: Error: device 15 does not exist, the logic id is invalid. (ret=-8001)"
 
 
 def test_spod_info_of_a_missing_die_names_board_and_die():
     row = only(nc.parse_spod_info("node1", 15, *rec("faulty/spod_info_npu15.txt")))
-    assert row.verdict == "fail" and "NPU ID 7, chip ID 1" in row.detail
+    assert row.ok is False and "NPU ID 7, chip ID 1" in row.detail
     healthy = only(nc.parse_spod_info("node1", 3, *rec("healthy/spod_info.txt")))
     assert healthy.ok and healthy.detail == "SDID 4390912, Super Pod ID 0"
 
@@ -128,7 +128,7 @@ def test_spod_info_of_a_missing_die_names_board_and_die():
 )
 def test_lldp_without_a_neighbour_or_answer_fails(text: str, rc: int, detail: str):
     row = only(nc.parse_lldp("node0", 1, text, rc))
-    assert (row.verdict, row.detail) == ("fail", detail)
+    assert (row.ok, row.detail) == (False, detail)
 
 
 def test_bad_addresses_fail():
@@ -140,11 +140,11 @@ def test_bad_addresses_fail():
 def test_healthy_pings_pass():
     row = only(nc.parse_ping("node1", 3, *rec("healthy/ping_node2.txt"), peer="node2", peer_npu=3,
                              address="10.213.67.12"))  # fmt: skip
-    assert (row.check, row.peer, row.verdict) == ("ping", "node2", "ok")
+    assert (row.check, row.peer, row.ok) == ("ping", "node2", True)
     assert row.detail == "to node2 NPU 3 10.213.67.12: 3 packets transmitted, 3 received, 0.00% packet loss"
     hccs = only(nc.parse_ping("node1", 3, *rec("healthy/hccs_ping_node2.txt"), peer="node2", peer_npu=3,
                               address="10.213.99.12", hccs=True))  # fmt: skip
-    assert (hccs.check, hccs.verdict) == ("hccs_ping", "ok")
+    assert (hccs.check, hccs.ok) == ("hccs_ping", True)
 
 
 @pytest.mark.parametrize(
@@ -159,18 +159,18 @@ def test_healthy_pings_pass():
 )
 def test_any_lost_packet_fails_the_ping(name: str, hccs: bool, summary: str):
     row = only(nc.parse_ping("node1", 4, *rec(name), peer="node3", peer_npu=4, address="10.213.68.13", hccs=hccs))
-    assert (row.node, row.npu, row.peer, row.verdict) == ("node1", 4, "node3", "fail")
+    assert (row.node, row.npu, row.peer, row.ok) == ("node1", 4, "node3", False)
     assert row.detail.endswith(summary)
 
 
 def test_ping_without_summary_fails():
     row = only(nc.parse_ping("n", 0, "hccn_tool: usage\n", 2, peer="m", peer_npu=0, address="10.0.0.1"))
-    assert row.verdict == "fail" and row.detail == "to m NPU 0 10.0.0.1: exited 2: hccn_tool: usage"
+    assert row.ok is False and row.detail == "to m NPU 0 10.0.0.1: exited 2: hccn_tool: usage"
 
 
 def test_a_tool_call_that_never_finished_says_so():
     row = only(nc.parse_link("node0", 2, "", None))
-    assert (row.verdict, row.detail) == ("fail", "did not finish: (no output)")
+    assert (row.ok, row.detail) == (False, "did not finish: (no output)")
     assert only(nc.parse_npu_smi_info("node0", "", 124, 16)).detail == "npu-smi info timed out: (no output)"
 
 

@@ -41,7 +41,6 @@ from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.checks import PARSERS
-from k3deploy.tasks.comm.finding import Finding
 from k3deploy.tasks.comm.runner import NodeFacts, cross_node, interpret_phase1, phase1_sections
 from k3deploy.tasks.image.build import UnreadableCheckout, parse_checkout
 from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
@@ -95,7 +94,7 @@ def config_or_config_error(call: Callable[[], Any]) -> None:
 def assert_findings(rows: Any) -> None:
     assert rows is None or isinstance(rows, list), rows
     for row in rows or []:
-        assert isinstance(row, Finding) and row.verdict in ("ok", "fail") and isinstance(row.detail, str), row
+        assert isinstance(row, StageFinding) and isinstance(row.ok, bool) and isinstance(row.detail, str), row
 
 
 def assert_str_map(value: Any) -> None:
@@ -301,7 +300,7 @@ def test_hccn_and_spod_value_extractors(text: str) -> None:
 def test_parse_spod_info_and_ping(text: str, rc: int | None, npu: int, hccs: bool) -> None:
     assert_findings(project_errors_only(lambda: nc.parse_spod_info(NODE, npu, text, rc)))
 
-    def ping() -> list[Finding]:
+    def ping() -> list[StageFinding]:
         return nc.parse_ping(NODE, npu, text, rc, peer="node1", peer_npu=npu, address="10.0.0.1", hccs=hccs)
 
     assert_findings(project_errors_only(ping))

@@ -21,8 +21,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("blocks", ("k3deploy.blocks",)),
     ("tasks", ("k3deploy.tasks", "k3deploy.localhub", "k3deploy.localprofile")),
     ("record", ("k3deploy.record", "k3deploy.history", "k3deploy.report", "k3deploy.run_report")),
-    ("flows", ("k3deploy.flows", "k3deploy.run_options", "k3deploy.cluster_lock", "k3deploy.cluster_hold",
-               "k3deploy.run_abort")),  # fmt: skip
+    (
+        "flows",
+        (
+            "k3deploy.flows",
+            "k3deploy.run_options",
+            "k3deploy.cluster_lock",
+            "k3deploy.cluster_hold",
+            "k3deploy.run_abort",
+        ),
+    ),
     (
         "application",
         (

@@ -31,6 +31,36 @@ def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
     assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image"]  # preflight, launch always run
 
 
+def test_each_stage_option_is_one_field_of_the_model_taken_by_its_flow_and_by_validate_as_one_group():
+    """The registry's StageOptions is the one list: the flows take its fields with its defaults, validate
+    takes the model whole (one group in the UI's form), the CLI's flags show its descriptions."""
+    import inspect
+
+    from typer.main import get_command
+
+    from k3deploy.cli import app
+    from k3deploy.flows.registry import Stage, StageOptions
+    from k3deploy.flows.validate import validate
+
+    taken = [name for s in STAGES for name in s.options]
+    assert sorted(taken) == sorted(StageOptions.model_fields)  # every field is some stage's, once
+    for s in STAGES:
+        parameters = inspect.signature(s.load().fn).parameters
+        for name in (*s.options, *s.alone):
+            assert name in parameters, f"{s.name}'s flow does not take {name}"
+        for name in s.options:
+            assert parameters[name].default == StageOptions.model_fields[name].default, (s.name, name)
+    own = inspect.signature(validate.fn).parameters
+    assert own["stages"].annotation in (StageOptions, "StageOptions") and not set(taken) & set(own)
+    assert StageOptions(fresh=True).of(next(s for s in STAGES if s.name == "comm")) == {"fresh": True}
+    with pytest.raises(ValueError, match=r"stage x: options \['nope'\] are not StageOptions fields"):
+        Stage("x", "m:f", "x", options=("nope",))
+    for command in ("run", "rerun"):
+        shown = " ".join(p.help or "" for p in get_command(app).commands[command].params)  # type: ignore[attr-defined]
+        for field in StageOptions.model_fields.values():
+            assert field.description and field.description in shown, (command, field.description)
+
+
 def test_only_and_from_still_start_with_preflight():
     assert names(select(only=["image"])) == ["preflight", "image"]
     assert names(select(only=["launch", "models"])) == ["preflight", "models", "launch"]
