@@ -57,7 +57,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from k3deploy.flows.launch import launch
-    from k3deploy.tasks.launch.steps import LaunchFailed
+    from k3deploy.tasks.launch.steps import ServiceNotReady
 
     bed = Testbed.from_state(load_state(resolve_state_file(None)))
     node2 = SSHTransport(bed.hosts[2].ip, name="node2", private_key_file=bed.key, known_hosts=bed.known_hosts)
@@ -74,7 +74,7 @@ def main() -> None:
                 try:
                     launch(config=config(bed, folder, startup_s=600, poll_s=5))
                     raise SystemExit("the launch did not fail on the fatal line")
-                except LaunchFailed as err:
+                except ServiceNotReady as err:
                     raised = time.time()
                     failure = err.failure
                     assert failure is not None and failure.emitted_at is not None and failure.node == "node2"

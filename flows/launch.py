@@ -15,8 +15,8 @@ from k3deploy.paths import run_folder
 from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.stage import StageResult
 from k3deploy.tasks.launch.steps import (
-    LaunchFailed,
     LaunchRecord,
+    ServiceNotReady,
     remove_servers_task,
     start_containers,
     wait_until_ready,
@@ -42,7 +42,7 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
             try:
                 started = start_containers(cfg, plan)
                 record = wait_until_ready(cfg, plan, started, run_id, logs)
-            except LaunchFailed as err:
+            except ServiceNotReady as err:
                 record, error = err.record or record, err
             done = error is None
         finally:  # a failure (or an error before the monitor took over) leaves nothing of this config running,

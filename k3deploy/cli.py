@@ -386,7 +386,7 @@ def report(
         else:
             print_record(out, record)
         return
-    from k3deploy.history import Verdict
+    from k3deploy.history import RegressionVerdict
     from k3deploy.run_report import REPORT_HTML, write_report_files
 
     comparison, _links, _md = write_report_files(record, store(), last, baseline)
@@ -395,7 +395,7 @@ def report(
     else:
         print_comparison(out, comparison)
         out.print(f"report: {(store() / record.run_id / REPORT_HTML).resolve()}")
-    if comparison.verdict in (Verdict.REGRESSED, Verdict.MISSING):
+    if comparison.verdict in (RegressionVerdict.REGRESSED, RegressionVerdict.MISSING):
         raise typer.Exit(1)
 
 

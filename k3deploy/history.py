@@ -53,7 +53,7 @@ FAMILY_KEYS = (
 IGNORED_KEYS = ("cluster.ssh", "image.registry", "models.hub_token")  # credentials and how we log in
 
 
-class Verdict(StrEnum):
+class RegressionVerdict(StrEnum):
     PASS = "PASS"
     REGRESSED = "REGRESSED"
     MISSING = "MISSING"  # history or a baseline has the figure, the run does not: never a pass
@@ -72,7 +72,7 @@ class Figure:
 class MetricVerdict:
     key: str
     value: float | None  # None: MISSING
-    verdict: Verdict
+    verdict: RegressionVerdict
     reason: str
     median: float | None = None
     low: float | None = None  # the band a value may fall in without being a regression
@@ -84,7 +84,7 @@ class MetricVerdict:
 class Comparison:
     run_id: str
     family: str
-    verdict: Verdict
+    verdict: RegressionVerdict
     metrics: list[MetricVerdict]
     history_runs: list[str]  # the earlier passing runs judged against, oldest first
     changes: list[str] = field(default_factory=list)  # provenance changed since the last pass
@@ -191,7 +191,7 @@ def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
     """One figure against the same figure in earlier passing runs (oldest first)."""
     if len(history) < MIN_HISTORY:
         why = f"only {len(history)} earlier passing run(s) with this figure; {MIN_HISTORY} needed to know its spread"
-        return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, history=tuple(history))
+        return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, history=tuple(history))
     median = statistics.median(history)
     mad = statistics.median(abs(v - median) for v in history)
     tolerance = max(MAD_FACTOR * 1.4826 * mad, RELATIVE_FLOOR * abs(median))
@@ -202,19 +202,19 @@ def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
     past = tuple(history)
     if worse <= tolerance:
         why = f"{change:+.1f} % from the median of {len(history)} runs, within their spread (±{tolerance:.4g})"
-        return MetricVerdict(figure.key, figure.value, Verdict.PASS, why, median, low, high, past)
+        return MetricVerdict(figure.key, figure.value, RegressionVerdict.PASS, why, median, low, high, past)
     beyond = figure.value < worst_seen if figure.higher_is_better else figure.value > worst_seen
     if beyond and figure.best is not None:
         best_worse = (median - figure.best) if figure.higher_is_better else (figure.best - median)
         if best_worse <= tolerance:  # the run's own spread reaches back into history's
             why = (f"{change:+.1f} % from the median, worse than every earlier run, but its best repeat "
                    f"({figure.best:.4g}) is within their spread")  # fmt: skip
-            return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, median, low, high, past)
+            return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, median, low, high, past)
     if beyond:
         why = f"{change:+.1f} % from the median, worse than every one of {len(history)} earlier runs ({worst_seen:.4g})"
-        return MetricVerdict(figure.key, figure.value, Verdict.REGRESSED, why, median, low, high, past)
+        return MetricVerdict(figure.key, figure.value, RegressionVerdict.REGRESSED, why, median, low, high, past)
     why = f"{change:+.1f} % from the median, outside the spread but not beyond the worst earlier run ({worst_seen:.4g})"
-    return MetricVerdict(figure.key, figure.value, Verdict.INCONCLUSIVE, why, median, low, high, past)
+    return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, median, low, high, past)
 
 
 def judge_baseline(figure: Figure, value: float, threshold: float, source: str) -> MetricVerdict:
@@ -223,7 +223,7 @@ def judge_baseline(figure: Figure, value: float, threshold: float, source: str) 
     ok = figure.value >= bound if figure.higher_is_better else figure.value <= bound
     side = "≥" if figure.higher_is_better else "≤"
     why = f"{figure.value:.4g} {'meets' if ok else 'misses'} {source}: {side} {threshold:g} × {value:.4g} = {bound:.4g}"
-    return MetricVerdict(figure.key, figure.value, Verdict.PASS if ok else Verdict.REGRESSED, why)
+    return MetricVerdict(figure.key, figure.value, RegressionVerdict.PASS if ok else RegressionVerdict.REGRESSED, why)
 
 
 def comparable(record: RunRecord, candidates: Iterable[RunRecord], last: int) -> list[RunRecord]:
@@ -249,14 +249,16 @@ def invalid_cells(record: RunRecord) -> list[MetricVerdict]:
     for c in bench_cells(record):
         if not c["valid"]:
             why = "the cell is INVALID: " + "; ".join(c.get("reasons", []))
-            out.append(MetricVerdict(f"bench {c['workload']} c{c['concurrency']}", None, Verdict.MISSING, why))
+            out.append(
+                MetricVerdict(f"bench {c['workload']} c{c['concurrency']}", None, RegressionVerdict.MISSING, why)
+            )
     return out
 
 
 def missing(have: dict[str, Figure], expected: dict[str, str]) -> list[MetricVerdict]:
     """A MISSING verdict for each expected figure (key → who has it) that the run's figures lack."""
     return [
-        MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; {who} has it")
+        MetricVerdict(key, None, RegressionVerdict.MISSING, f"the run has no such figure; {who} has it")
         for key, who in sorted(expected.items())
         if key not in have
     ]
@@ -300,17 +302,24 @@ def compare(
             )
     verdicts += _config_baselines(record)
     found = {v.verdict for v in verdicts}
-    overall = next((v for v in (Verdict.REGRESSED, Verdict.MISSING, Verdict.INCONCLUSIVE) if v in found), Verdict.PASS)
+    overall = next(
+        (
+            v
+            for v in (RegressionVerdict.REGRESSED, RegressionVerdict.MISSING, RegressionVerdict.INCONCLUSIVE)
+            if v in found
+        ),
+        RegressionVerdict.PASS,
+    )
     why = None
     if not_about_performance(record) and record.failure is not None:
-        overall = Verdict.INCONCLUSIVE
+        overall = RegressionVerdict.INCONCLUSIVE
         why = (f"failed at {record.failed_stage} by its {record.failure.failure_class.value}, "
                "which says nothing of the deployment's speed")  # fmt: skip
     elif not verdicts:
-        overall = Verdict.INCONCLUSIVE
+        overall = RegressionVerdict.INCONCLUSIVE
     last_pass = history[-1] if history else None
     changes = changes_between(last_pass, record) if last_pass is not None else []
-    if overall is Verdict.REGRESSED and last_pass is not None and not changes:
+    if overall is RegressionVerdict.REGRESSED and last_pass is not None and not changes:
         changes = [f"nothing in the provenance changed since run {last_pass.run_id}: look at the nodes themselves"]
     return Comparison(
         run_id=record.run_id,
@@ -335,9 +344,11 @@ def _config_baselines(record: RunRecord) -> list[MetricVerdict]:
         for c in against_baselines(cell["workload"], cell["concurrency"], cell["figures"], baselines):
             key = f"bench {cell['workload']} c{cell['concurrency']} {c.metric}"
             if c.value is None:
-                out.append(MetricVerdict(key, None, Verdict.MISSING, f"the run has no such figure; bench.baselines "
-                                                                     f"has it: {c.rule}"))  # fmt: skip
+                why = f"the run has no such figure; bench.baselines has it: {c.rule}"
+                out.append(MetricVerdict(key, None, RegressionVerdict.MISSING, why))
                 continue
             why = f"{c.value:.4g} {'meets' if c.ok else 'misses'} bench.baselines: {c.rule}"
-            out.append(MetricVerdict(key, c.value, Verdict.PASS if c.ok else Verdict.REGRESSED, why))
+            out.append(
+                MetricVerdict(key, c.value, RegressionVerdict.PASS if c.ok else RegressionVerdict.REGRESSED, why)
+            )
     return out

@@ -23,7 +23,7 @@ import requests
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
-from k3deploy.tasks.launch.containers import LaunchError, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.launch.containers import ContainerError, Started, labelled, remove_labelled, start_or_adopt
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
 from k3deploy.tasks.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.transport.base import CommandResult, Transport
@@ -141,9 +141,9 @@ class DockerRuntime:
             out += [pending] if pending else []
             code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.APIError as err:
-            raise LaunchError(self.node, f"cannot run in {container}: {err.explanation or err}") from None
+            raise ContainerError(self.node, f"cannot run in {container}: {err.explanation or err}") from None
         except (requests.exceptions.RequestException, OSError) as err:  # the node's engine or connection went
-            raise LaunchError(self.node, f"cannot run in {container}: {type(err).__name__}: {err}") from None
+            raise ContainerError(self.node, f"cannot run in {container}: {type(err).__name__}: {err}") from None
         output = "\n".join(out)
         return CommandResult(
             self.node, text, -1 if code is None else int(code), output, output, time.monotonic() - started
@@ -277,7 +277,7 @@ class ProcessRuntime:
                 return Started(self.node, spec.name, spec.name, adopted=True)
             if not ours and found.alive:
                 owner = f"config {found.labels.get(CONFIG_LABEL, '?')}, run {found.labels.get(RUN_LABEL, '?')}"
-                raise LaunchError(
+                raise ContainerError(
                     self.node,
                     f"a process named {spec.name} is already running ({owner}); this config is "
                     f"{spec.labels.get(CONFIG_LABEL)}. Run teardown for its config or stop it by hand.",

@@ -100,7 +100,7 @@ def parse_nic(node: str, nic: str, local_ip: str, links: str, addrs: str) -> lis
 # -- node 0's ports ----------------------------------------------------------------------------------
 
 
-def parse_ports(node: str, text: str, rc: int | None, ports: Mapping[str, int]) -> list[Finding]:
+def parse_free_ports(node: str, text: str, rc: int | None, ports: Mapping[str, int]) -> list[Finding]:
     """One row per named port (service_port, rpc_port): nothing listens on it yet."""
     if rc != 0:
         return [fail(node, None, name, f"ss -Hltn {outcome(rc)}: {first_line(text)}") for name in ports]

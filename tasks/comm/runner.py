@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
+from k3deploy.blocks.cluster import COMM_PLANES, ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.errors import CommandTimeout, TransportError
 from k3deploy.stage import Finding
@@ -30,7 +30,6 @@ from k3deploy.tasks.comm.finding import fail
 from k3deploy.tasks.comm.report import CommReport, NotApplicable, sort_rows
 from k3deploy.tasks.transport import Transport, run_all
 
-ALL_PLANES = ("roce", "hccs")
 MAX_SECTIONS = 1000  # per script: keeps it well under the remote shell's 128 KiB argument limit
 BUSY_ATTEMPTS = 5  # a busy hccn_tool is asked again after 1, 2, 3, 4 s
 
@@ -65,7 +64,7 @@ class NodeFacts:
 NO_NPUS = "cluster.npus_per_node is 0: no NPUs declared"
 
 
-def not_applicable(npus: int, planes: Sequence[str] = ALL_PLANES) -> tuple[NotApplicable, ...]:
+def not_applicable(npus: int, planes: Sequence[str] = COMM_PLANES) -> tuple[NotApplicable, ...]:
     """The check groups the configuration rules out: with no NPUs declared every NPU group, else the
     checks of each network plane the site does not run (cluster.comm_planes)."""
     if npus == 0:
@@ -84,7 +83,7 @@ def section_check(key: str) -> str:
 
 
 def phase1_sections(
-    npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | None = None, planes: Sequence[str] = ALL_PLANES
+    npus: int, tools: nc.ToolPaths, ports: Mapping[str, int] | None = None, planes: Sequence[str] = COMM_PLANES
 ) -> list[Section]:
     """Every local check of one node, `npu-smi info` first; `ports` (node 0 only) adds `ss -Hltn`.
 
@@ -120,7 +119,7 @@ def interpret_phase1(
     outputs: Mapping[str, SectionOutput],
     npus: int,
     ports: Mapping[str, int] | None = None,
-    planes: Sequence[str] = ALL_PLANES,
+    planes: Sequence[str] = COMM_PLANES,
 ) -> NodeFacts:
     """Rows and values of one node from its parsed phase-1 sections (pure)."""
     name, facts = node.name, NodeFacts(node.name)
@@ -149,7 +148,7 @@ def interpret_phase1(
         rows, facts.firmware = hc.parse_version(name, "firmware_version", got.text, got.rc)
         facts.rows += rows
     if ports and (got := outputs.get("ports")):
-        facts.rows += hc.parse_ports(name, got.text, got.rc, ports)
+        facts.rows += hc.parse_free_ports(name, got.text, got.rc, ports)
     return facts
 
 

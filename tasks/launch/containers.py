@@ -14,7 +14,7 @@ from k3deploy.errors import NodeError
 from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, ContainerSpec
 
 
-class LaunchError(NodeError):
+class ContainerError(NodeError):
     """A container could not be started, or one is in the way."""
 
 
@@ -68,7 +68,7 @@ def start_or_adopt(client: docker.DockerClient, node: str, spec: ContainerSpec) 
                 if CONFIG_LABEL in labels
                 else "not started by k3deploy"
             )
-            raise LaunchError(
+            raise ContainerError(
                 node,
                 f"a container named {spec.name} is already there ({found.status}, {owner}); this config is "
                 f"{spec.labels.get(CONFIG_LABEL)}. Run teardown for its config or remove it by hand.",
@@ -78,9 +78,9 @@ def start_or_adopt(client: docker.DockerClient, node: str, spec: ContainerSpec) 
     try:
         container = client.containers.run(**run_kwargs(spec))
     except docker.errors.ImageNotFound:
-        raise LaunchError(node, f"image {spec.image} is not on the node: run the image stage first") from None
+        raise ContainerError(node, f"image {spec.image} is not on the node: run the image stage first") from None
     except docker.errors.APIError as err:
-        raise LaunchError(node, f"cannot start {spec.name}: {err.explanation or err}") from None
+        raise ContainerError(node, f"cannot start {spec.name}: {err.explanation or err}") from None
     return Started(node, spec.name, container.id, adopted=False)
 
 
@@ -106,6 +106,6 @@ def remove_labelled(
         except docker.errors.NotFound:
             continue
         except docker.errors.APIError as err:
-            raise LaunchError(node, f"cannot remove {container.name}: {err.explanation or err}") from None
+            raise ContainerError(node, f"cannot remove {container.name}: {err.explanation or err}") from None
         removed.append(container.name)
     return removed

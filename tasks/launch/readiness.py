@@ -15,7 +15,7 @@ import httpx
 PROMPT = "Reply with the single word: ready"
 
 
-def chat_body(served_name: str, max_tokens: int = 1) -> dict[str, Any]:
+def probe_body(served_name: str, max_tokens: int = 1) -> dict[str, Any]:
     """The smallest real request: one user turn, a token or a few back, no thinking."""
     return {
         "model": served_name,
@@ -56,7 +56,7 @@ def probe(base_url: str, served_name: str, timeout: float) -> Probe:
             names = [m.get("id") for m in models if isinstance(m, dict)]
             if served_name not in names:
                 return Probe("health", f"/v1/models lists {names or listed.status_code}, not {served_name!r}")
-            answer = http.post("/v1/chat/completions", json=chat_body(served_name))
+            answer = http.post("/v1/chat/completions", json=probe_body(served_name))
             if answer.status_code != 200:
                 return Probe("models", f"chat answered {answer.status_code}: {answer.text[:200]}")
             choices = _field(answer.json(), "choices")
@@ -74,7 +74,7 @@ def burst(base_url: str, served_name: str, count: int, timeout: float) -> list[s
 
     def one(i: int) -> str | None:
         try:
-            response = httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(served_name), timeout=timeout)
+            response = httpx.post(f"{base_url}/v1/chat/completions", json=probe_body(served_name), timeout=timeout)
         except httpx.TimeoutException:
             return f"request {i}: no answer within {timeout:g}s"
         except httpx.HTTPError as err:

@@ -26,7 +26,7 @@ from k3deploy.tasks.runtime import ServersSurvived, node_runtime, serving_runtim
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
 
-class LaunchFailed(K3DeployError):
+class ServiceNotReady(K3DeployError):
     """The service did not come up: a fatal line, a container exit, or the ready timeout.
 
     `record` (milestones, each node's last log lines) is attached by wait_until_ready.
@@ -105,7 +105,7 @@ def wait_until_ready(
                     last = result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise LaunchFailed(
+                    raise ServiceNotReady(
                         f"not ready after {ready.timeout_s:g}s; the last probe: {result.detail}; "
                         f"milestones seen: {watcher.milestones()}"
                     )
@@ -115,13 +115,13 @@ def wait_until_ready(
             failures = burst(base_url, cfg.serve.served_model_name, count, ready.request_timeout_s)
             _raise_if_failed(monitor)  # a rank that died during the burst is named, not just counted
             if failures:
-                raise LaunchFailed(
+                raise ServiceNotReady(
                     f"{len(failures)} of {count} concurrent requests failed: a DP rank is not serving; "
                     + "; ".join(failures[:5])
                 )
             record.burst_requests = count
             logger.info("ready after %.1fs; %d concurrent requests answered", record.time_to_ready_s, count)
-        except LaunchFailed as err:
+        except ServiceNotReady as err:
             record.failure = str(err)
             err.record = record  # completed by the finally below
             raise
@@ -135,7 +135,7 @@ def wait_until_ready(
 
 def _raise_if_failed(monitor: LaunchMonitor) -> None:
     if monitor.failure is not None:
-        raise LaunchFailed(monitor.failure.describe(), monitor.failure)
+        raise ServiceNotReady(monitor.failure.describe(), monitor.failure)
 
 
 def remove_servers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:

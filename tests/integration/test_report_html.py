@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.history import Verdict
+from k3deploy.history import RegressionVerdict
 from k3deploy.record import RunRecord, write_record
 from k3deploy.report import BAND, COLOURS
 from k3deploy.run_report import REPORT_HTML, REPORT_MD, write_report_files
@@ -42,7 +42,7 @@ def store(tmp_path: Path) -> tuple[Path, RunRecord]:
 def test_the_markdown_and_html_carry_verdicts_tables_and_links(store):
     root, record = store
     comparison, links, md = write_report_files(record, root)
-    assert comparison.verdict is Verdict.REGRESSED
+    assert comparison.verdict is RegressionVerdict.REGRESSED
     assert "Regression verdict: **REGRESSED**" in md and "config serve.max_num_seqs: 4 → 1" in md
     assert "| bench | pass |" in md and "random" in md and links["run record"] in md
     page = (root / record.run_id / REPORT_HTML).read_text()

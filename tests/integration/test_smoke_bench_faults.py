@@ -226,11 +226,11 @@ def test_the_bench_tool_killed_mid_run_is_a_tool_failure_in_the_record_never_a_r
     assert failure["evidence"].startswith("vllm bench serve (random, concurrency 2) exited "), failure
     assert nothing_serving(tmp_path)
 
-    from k3deploy.history import Verdict, compare
+    from k3deploy.history import RegressionVerdict, compare
     from k3deploy.record import load_record
 
     loaded = load_record(runs_dir() / record["run_id"] / "record.json")
-    assert compare(loaded, []).verdict is Verdict.INCONCLUSIVE  # the tool's failure says nothing of speed
+    assert compare(loaded, []).verdict is RegressionVerdict.INCONCLUSIVE  # the tool's failure says nothing of speed
 
 
 @pytest.mark.bench

@@ -40,7 +40,7 @@ def test_local_ip_nobody_owns_fails():
 
 def test_ports_free_and_taken():
     ss = (DATA / "ss_node0.txt").read_text()
-    rows = hc.parse_ports("node0", ss, 0, {"service_port": 8000, "rpc_port": 22})
+    rows = hc.parse_free_ports("node0", ss, 0, {"service_port": 8000, "rpc_port": 22})
     assert [(r.check, r.ok) for r in rows] == [("service_port", True), ("rpc_port", False)]
     assert rows[1].detail == "port 22 is taken: LISTEN 0      128    10.213.0.10:22 0.0.0.0:*"
 

@@ -332,7 +332,7 @@ def test_nic_and_local_ip(links: str, addrs: str, nic: str, local_ip: str) -> No
 def test_ports_and_versions(text: str, rc: int | None, check: str) -> None:
     ports = project_errors_only(lambda: nf.listening(text))
     assert ports is None or all(isinstance(k, int) and isinstance(v, str) for k, v in ports.items())
-    assert_findings(project_errors_only(lambda: hc.parse_ports(NODE, text, rc, PORTS)))
+    assert_findings(project_errors_only(lambda: hc.parse_free_ports(NODE, text, rc, PORTS)))
     got = project_errors_only(lambda: hc.parse_version(NODE, check, text, rc))
     if got is not None:
         assert_findings(got[0])

@@ -12,7 +12,7 @@ import pytest
 
 from k3deploy.history import (
     MIN_HISTORY,
-    Verdict,
+    RegressionVerdict,
     changes_between,
     compare,
     family,
@@ -40,16 +40,16 @@ def test_the_recorded_history_is_real_and_comparable():
 @pytest.mark.parametrize("n", range(MIN_HISTORY, 6))
 def test_a_noisy_unchanged_series_never_regresses(n):
     result = compare(UNCHANGED[n], RECORDS, last=10)
-    regressed = [m for m in result.metrics if m.verdict is Verdict.REGRESSED]
-    assert result.verdict in (Verdict.PASS, Verdict.INCONCLUSIVE) and not regressed, regressed
+    regressed = [m for m in result.metrics if m.verdict is RegressionVerdict.REGRESSED]
+    assert result.verdict in (RegressionVerdict.PASS, RegressionVerdict.INCONCLUSIVE) and not regressed, regressed
     assert result.history_runs == [r.run_id for r in UNCHANGED[:n]]
     assert result.changes == []  # same config, same environment, same checkpoint
 
 
 def test_a_step_change_regresses_and_names_what_changed_since_the_last_pass():
     result = compare(CHANGED[0], RECORDS, last=10)
-    assert result.verdict is Verdict.REGRESSED
-    regressed = {m.key for m in result.metrics if m.verdict is Verdict.REGRESSED}
+    assert result.verdict is RegressionVerdict.REGRESSED
+    regressed = {m.key for m in result.metrics if m.verdict is RegressionVerdict.REGRESSED}
     assert OUTPUT in regressed
     assert result.last_pass == UNCHANGED[-1].run_id
     assert result.changes == [
@@ -60,15 +60,22 @@ def test_a_step_change_regresses_and_names_what_changed_since_the_last_pass():
     assert "worse than every one of" in row.reason and row.low is not None and row.value < row.low
 
 
-@pytest.mark.parametrize(("failure_class", "verdict"), [("infrastructure", Verdict.INCONCLUSIVE),
-    ("tool", Verdict.INCONCLUSIVE), ("engine", Verdict.REGRESSED), ("model", Verdict.REGRESSED)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("failure_class", "verdict"),
+    [
+        ("infrastructure", RegressionVerdict.INCONCLUSIVE),
+        ("tool", RegressionVerdict.INCONCLUSIVE),
+        ("engine", RegressionVerdict.REGRESSED),
+        ("model", RegressionVerdict.REGRESSED),
+    ],
+)
 def test_a_run_failed_by_its_site_or_its_tool_is_never_a_regression(failure_class, verdict):
     cause = FailureCause(failure_class=failure_class, evidence="node2: ssh: connection refused", node="node2")
     failed = CHANGED[0].model_copy(update={"verdict": "fail", "failed_stage": "accuracy", "failure": cause})
     result = compare(failed, RECORDS, last=10)
     assert result.verdict is verdict  # its bench figures are as slow as ever: only the class decides
-    assert any(m.verdict is Verdict.REGRESSED for m in result.metrics)
-    if verdict is Verdict.INCONCLUSIVE:
+    assert any(m.verdict is RegressionVerdict.REGRESSED for m in result.metrics)
+    if verdict is RegressionVerdict.INCONCLUSIVE:
         assert result.why == f"failed at accuracy by its {failure_class}, which says nothing of the deployment's speed"
         assert result.as_dict()["why"] == result.why
     else:
@@ -77,7 +84,7 @@ def test_a_run_failed_by_its_site_or_its_tool_is_never_a_regression(failure_clas
 
 def test_too_short_a_history_is_inconclusive_saying_why():
     result = compare(UNCHANGED[1], RECORDS, last=10)
-    assert result.verdict is Verdict.INCONCLUSIVE
+    assert result.verdict is RegressionVerdict.INCONCLUSIVE
     assert all("1 earlier passing run(s)" in m.reason for m in result.metrics)
 
 
@@ -99,13 +106,13 @@ def test_a_configured_baseline_is_judged_beside_the_history():
     ]
     result = compare(RunRecord.model_validate(record), RECORDS, last=10)
     base = [m for m in result.metrics if m.key == OUTPUT and "bench.baselines" in m.reason]
-    assert [m.verdict for m in base] == [Verdict.REGRESSED] and result.verdict is Verdict.REGRESSED
+    assert [m.verdict for m in base] == [RegressionVerdict.REGRESSED] and result.verdict is RegressionVerdict.REGRESSED
 
 
 def test_a_baseline_run_is_a_further_reference():
     result = compare(CHANGED[0], RECORDS, last=10, baseline=UNCHANGED[0])
     against = [m for m in result.metrics if m.key == OUTPUT and "baseline run" in m.reason]
-    assert against and against[0].verdict is Verdict.REGRESSED
+    assert against and against[0].verdict is RegressionVerdict.REGRESSED
 
 
 def test_provenance_changes_name_image_versions_commits_and_config_keys():

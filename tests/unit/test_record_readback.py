@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from k3deploy.cli import app
-from k3deploy.history import Verdict, compare
+from k3deploy.history import RegressionVerdict, compare
 from k3deploy.record import UnreadableRecord, load_record, scan_records
 
 pytestmark = pytest.mark.report
@@ -110,9 +110,9 @@ def test_a_vanished_figure_is_missing_never_a_pass(tmp_path):
     scan = scan_records(root)
     run = next(r for r in scan.records if r.run_id == "edited")
     result = compare(run, scan.records)
-    assert result.verdict is Verdict.MISSING
+    assert result.verdict is RegressionVerdict.MISSING
     row = next(m for m in result.metrics if m.key == OUTPUT)
-    assert row.verdict is Verdict.MISSING and row.value is None
+    assert row.verdict is RegressionVerdict.MISSING and row.value is None
     assert re.search(r"the run has no such figure; (every bench cell|\d+ earlier passing run\(s\)) has it", row.reason)
     cli = CliRunner().invoke(app, ["report", "edited", "--compare", "--runs-dir", str(root)], terminal_width=250)
     assert cli.exit_code == 1 and "MISSING" in cli.output and "missing" in cli.output, cli.output
@@ -123,8 +123,8 @@ def test_a_vanished_figure_with_no_history_is_still_missing():
     from k3deploy.record import RunRecord
 
     result = compare(RunRecord.model_validate(data), [])
-    assert result.verdict is Verdict.MISSING
-    assert [m.key for m in result.metrics if m.verdict is Verdict.MISSING] == ["bench random c2 mean_ttft_ms"]
+    assert result.verdict is RegressionVerdict.MISSING
+    assert [m.key for m in result.metrics if m.verdict is RegressionVerdict.MISSING] == ["bench random c2 mean_ttft_ms"]
 
 
 def test_compare_names_the_records_history_left_out(tmp_path):
