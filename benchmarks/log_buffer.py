@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from k3deploy.tasks.launch.logwatch import LogBuffer, LogWatcher, load_patterns
+from k3deploy.tasks.watch.logwatch import LogBuffer, LogWatcher, load_patterns
 
 STARTUP = [
     "INFO 06-23 13:44:05 [__init__.py:235] Platform plugin ascend is activated",

@@ -3,7 +3,7 @@
 Each score comes with its evaluator's version, the dataset's hash and the sample accounting
 (completed, failed, missing, unparsed, of the dataset's size); it fails when samples were lost or a score is off its
 baseline by more than the threshold. Not applicable until an evaluator is chosen. The evaluations
-run under a watch of every rank (tasks/launch/liveness.py), as smoke and bench do.
+run under a watch of every rank (tasks/watch/liveness.py), as smoke and bench do.
 """
 
 from dataclasses import asdict
@@ -18,8 +18,8 @@ from k3deploy.tasks.accuracy.outcome import evaluator_settings, score_findings, 
 from k3deploy.tasks.accuracy.results import Score
 from k3deploy.tasks.accuracy.steps import provision_evaluator, run_ais_bench, run_lm_eval
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.stage_run import StageRun
+from k3deploy.tasks.watch.liveness import watching
 
 
 @flow(name="accuracy")

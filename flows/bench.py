@@ -6,7 +6,7 @@ concurrency asked for was reached (tasks/bench/cells.py); its figures are median
 compared with their baselines. Runs already measured in this run's folder are not repeated (a sweep
 or a Retry resumes). The runs go on under a watch of every rank: one that dies, logs a fatal line or
 gets stuck stops the tool and fails the stage within seconds, naming node and DP rank
-(tasks/launch/liveness.py).
+(tasks/watch/liveness.py).
 """
 
 from dataclasses import asdict
@@ -18,9 +18,9 @@ from k3deploy.errors import BenchStageFailed
 from k3deploy.paths import run_folder
 from k3deploy.stage import StageResult
 from k3deploy.tasks.bench.sweep import Sweep, headline, settings
-from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun
+from k3deploy.tasks.watch.liveness import watching
 
 
 @flow(name="bench")

@@ -17,12 +17,12 @@ from k3deploy.stage import StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchRecord,
     ServiceNotReady,
-    remove_servers_task,
     start_containers,
     wait_until_ready,
 )
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun
+from k3deploy.tasks.teardown import remove_servers_task
 
 
 @flow(name="launch", on_crashed=[teardown_on_abort], on_cancellation=[teardown_on_abort])

@@ -1,7 +1,7 @@
 """The smoke stage: real requests against the running service, one row per check (seed section 6).
 
 The checks run under a watch of every rank: one that dies, logs a fatal line or gets stuck fails
-the stage within seconds, naming node and DP rank (tasks/launch/liveness.py).
+the stage within seconds, naming node and DP rank (tasks/watch/liveness.py).
 """
 
 from prefect import flow
@@ -10,9 +10,9 @@ from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.errors import SmokeStageFailed
 from k3deploy.stage import StageResult
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.launch.liveness import watching
 from k3deploy.tasks.smoke.steps import context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun
+from k3deploy.tasks.watch.liveness import watching
 
 
 @flow(name="smoke")

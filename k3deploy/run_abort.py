@@ -21,7 +21,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.errors import K3DeployError
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, apply_options
-from k3deploy.tasks.launch.steps import remove_servers
+from k3deploy.tasks.teardown import remove_servers
 
 # The config each run in this process resolved, by flow run id: what its hook tears down.
 _SERVING: dict[str, DeploymentConfig] = {}

@@ -1,9 +1,8 @@
-"""Prefect tasks of the launch and teardown stages: thin wrappers over containers, monitor and readiness."""
+"""Prefect tasks of the launch stage: thin wrappers over the runtimes, the watch and readiness."""
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,15 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError, TeardownIncomplete
+from k3deploy.errors import K3DeployError
 from k3deploy.stage import FailureCause, FailureClass, Finding
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.launch.containers import CONFIG_LABEL, RUN_LABEL, Started
-from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
-from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
+from k3deploy.tasks.launch.containers import Started
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
 from k3deploy.tasks.render import Plan
-from k3deploy.tasks.runtime import ServersSurvived, node_runtime, serving_runtimes
+from k3deploy.tasks.runtime import serving_runtimes
+from k3deploy.tasks.watch.logwatch import LogWatcher, load_patterns
+from k3deploy.tasks.watch.monitor import Failure, LaunchMonitor
 
 LOG_TAIL = 40  # log lines per node shown in the launch summary artifact
 
@@ -136,58 +135,3 @@ def wait_until_ready(
 def _raise_if_failed(monitor: LaunchMonitor) -> None:
     if monitor.failure is not None:
         raise ServiceNotReady(monitor.failure.describe(), monitor.failure)
-
-
-def remove_servers(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
-    """Stop and remove this config's containers or processes (of one run, when given) on every node it can
-    reach, then prove none is left there; a node it cannot reach or trust does not stop the others."""
-    labels = {CONFIG_LABEL: cfg.fingerprint()} | ({RUN_LABEL: run_id} if run_id else {})
-
-    def clear(node: str) -> tuple[list[str], list[str]]:
-        with node_runtime(cfg, node) as runtime:
-            try:
-                gone = runtime.remove(labels)
-            except ServersSurvived as err:  # the engine outlived its stop: named, never called removed
-                return err.removed, [f"{name} ({left})" for name, left in err.survivors.items()]
-            return gone, runtime.names(labels)
-
-    nodes = [n.name for n in cfg.cluster.nodes]
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        futures = {node: pool.submit(clear, node) for node in nodes}
-    removed: dict[str, list[str]] = {}
-    problems: dict[str, str] = {}
-    for node, future in futures.items():
-        try:
-            gone, left = future.result()
-        except K3DeployError as err:
-            problems[node] = f"not cleared, could not reach or trust it: {err}"
-            continue
-        removed[node] = gone
-        if left:
-            problems[node] = f"still running after removal: {', '.join(left)}"
-    if problems:
-        raise TeardownIncomplete(removed, problems)
-    return removed
-
-
-@task(name="remove servers", cache_policy=NO_CACHE)
-def remove_servers_task(cfg: DeploymentConfig, run_id: str | None = None) -> dict[str, list[str]]:
-    removed = remove_servers(cfg, run_id)
-    get_run_logger().info("removed: %s", {n: names for n, names in removed.items() if names} or "nothing")
-    return removed
-
-
-def removed_summary(removed: dict[str, list[str]]) -> str:
-    """'removed 4: vllm-kimi-k3 on node0, node1, node2 and node3.': every name with the nodes it was on."""
-    on: dict[str, list[str]] = {}
-    for node, names in removed.items():
-        for name in names:
-            on.setdefault(name, []).append(node)
-    if not on:
-        return "nothing was running."
-    count = sum(map(len, on.values()))
-    return f"removed {count}: " + _and([f"{name} on {_and(nodes)}" for name, nodes in on.items()]) + "."
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

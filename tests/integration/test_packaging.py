@@ -31,7 +31,7 @@ def test_a_plain_install_claims_only_k3deploy_and_its_cli_runs(tmp_path):
     assert install.returncode == 0, install.stderr
 
     probe = (
-        "import importlib.util, k3deploy, k3deploy.flows.validate, k3deploy.tasks.launch.logwatch as lw;"
+        "import importlib.util, k3deploy, k3deploy.flows.validate, k3deploy.tasks.watch.logwatch as lw;"
         "print(k3deploy.__file__);"
         "print(lw.DEFAULT_PATTERNS.exists());"
         "print([n for n in ('tasks', 'flows', 'blocks', 'deployments') if importlib.util.find_spec(n)])"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.tasks.launch.steps import removed_summary
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, ProcessSpec
 from k3deploy.tasks.runtime import ProcessRuntime, ServersSurvived
+from k3deploy.tasks.teardown import removed_summary
 from k3deploy.tasks.transport.local import LocalTransport
 from tests.ports import port_free
 

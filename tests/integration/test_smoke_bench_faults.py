@@ -144,7 +144,7 @@ def test_a_fatal_line_while_serving_fails_smoke_naming_node_rank_and_line(prefec
         "[rank1]:[E324 13:00:25.428029551 compiler_depend.ts:574] [Rank 1] Watchdog caught collective operation "
         "timeout: WorkHCCL(SeqNum=196, OpType=ALLREDUCE, Timeout(ms)=3600000) ran for 3600185 milliseconds before "
         "timing out."
-    )  # a real line (tasks/launch/log_patterns.json, collective_timeout)
+    )  # a real line (tasks/watch/log_patterns.json, collective_timeout)
     control.write_text(json.dumps({"K3SIM_FATAL_LINE_DP1": line, "K3SIM_FATAL_KEEP_RUNNING": "1"}))
     with pytest.raises(SmokeStageFailed) as failed:
         smoke(config=config)

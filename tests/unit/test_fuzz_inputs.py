@@ -45,8 +45,6 @@ from k3deploy.tasks.comm.runner import NodeFacts, cross_node, interpret_phase1, 
 from k3deploy.tasks.image.build import UnreadableCheckout, parse_checkout
 from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
 from k3deploy.tasks.launch import readiness
-from k3deploy.tasks.launch.logwatch import LogEvent, LogWatcher, load_patterns
-from k3deploy.tasks.launch.monitor import split_timestamp
 from k3deploy.tasks.models import remote
 from k3deploy.tasks.models.checks import draft_findings, quantization_findings
 from k3deploy.tasks.models.listing import Listing, RemoteFile, hf_file, list_modelscope, ms_head_commit
@@ -55,6 +53,8 @@ from k3deploy.tasks.preflight.facts import COMMAND_FACTS, Unreadable, parse_df, 
 from k3deploy.tasks.runtime import ProcessState, parse_ps
 from k3deploy.tasks.smoke.checks import CHECKS, Burst, Context, Outcome, Reply, stream_events
 from k3deploy.tasks.transport import CommandResult
+from k3deploy.tasks.watch.logwatch import LogEvent, LogWatcher, load_patterns
+from k3deploy.tasks.watch.monitor import split_timestamp
 from tests.configs import site_data
 
 pytestmark = pytest.mark.faults

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ConfigError
-from k3deploy.tasks.launch.logwatch import (
+from k3deploy.tasks.watch.logwatch import (
     DEFAULT_PATTERNS,
     MAX_EVENT_LINE,
     LogBuffer,

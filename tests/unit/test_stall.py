@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.tasks.launch.stall import EngineReading, StallDetector, Stuck, readings
+from k3deploy.tasks.watch.stall import EngineReading, StallDetector, Stuck, readings
 
 DATA = Path(__file__).parents[1] / "data" / "launch" / "vllm-0.32.0" / "metrics"
 

@@ -31,7 +31,7 @@ import httpx
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.launch.stall import readings
+from k3deploy.tasks.watch.stall import readings
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,7 +3,7 @@
 Smoke, bench and accuracy each run their work under `watching(cfg, stage)`: every node's server is
 followed as launch followed it (its exit, and its log from the start through the same watcher, so
 a fatal line written between stages is seen too), and node 0's /metrics is read every
-`serve.liveness.metrics_poll_s` for a stuck rank (tasks/launch/stall.py). The first failure stops
+`serve.liveness.metrics_poll_s` for a stuck rank (tasks/watch/stall.py). The first failure stops
 the stage's tool (its `stop` event, see tasks/stoppable.py) and the stage fails within
 seconds, naming node and DP rank, instead of waiting for a request timeout hours away.
 """
@@ -25,11 +25,11 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import ServiceLost
 from k3deploy.paths import run_folder
 from k3deploy.tasks.endpoints import engines, service_url
-from k3deploy.tasks.launch.logwatch import LogWatcher, load_patterns
-from k3deploy.tasks.launch.monitor import Failure, LaunchMonitor
-from k3deploy.tasks.launch.stall import StallDetector, readings
 from k3deploy.tasks.render import NodePlan, render_plan
 from k3deploy.tasks.runtime import serving_runtimes
+from k3deploy.tasks.watch.logwatch import LogWatcher, load_patterns
+from k3deploy.tasks.watch.monitor import Failure, LaunchMonitor
+from k3deploy.tasks.watch.stall import StallDetector, readings
 
 T = TypeVar("T")
 WAKE_S = 0.25  # how often the stage's wait looks at both the work and the watch

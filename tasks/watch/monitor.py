@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from k3deploy.tasks.launch.logwatch import LogBuffer, LogWatcher
 from k3deploy.tasks.runtime import Runtime
+from k3deploy.tasks.watch.logwatch import LogBuffer, LogWatcher
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut: memory stays bounded
 EXIT_LOG_GRACE_S = 2.0  # after an exit, let the log thread read the last lines (they name the cause)
