@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from k3deploy.blocks.deployment import DeploymentConfig
@@ -12,10 +14,28 @@ ConfigSource = str | DeploymentConfig
 """How a flow is told its deployment: a YAML path, a saved DeploymentConfig block's name, or the config."""
 
 
+# Configs a command has parsed and checked, by the source its flows are given (see `parsed`).
+_PARSED: dict[str, DeploymentConfig] = {}
+
+
+@contextmanager
+def parsed(source: str, cfg: DeploymentConfig) -> Iterator[None]:
+    """While inside, `resolve_config(source)` is `cfg`: a command that parsed and checked its config before
+    Prefect started hands that on to its flows, whose parameter stays the path or block name (never the
+    config, which holds secrets), so the config is parsed once per command."""
+    _PARSED[source] = cfg
+    try:
+        yield
+    finally:
+        _PARSED.pop(source, None)
+
+
 def resolve_config(source: ConfigSource) -> DeploymentConfig:
     """The parsed config, whatever form it came in; resolved once, at the boundary of a run."""
     if isinstance(source, DeploymentConfig):
         return source
+    if source in _PARSED:
+        return _PARSED[source]
     if source.endswith((".yaml", ".yml")) or "/" in source or Path(source).exists():
         return load_config(source)
     try:

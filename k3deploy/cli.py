@@ -125,6 +125,13 @@ def _config(source: Path) -> DeploymentConfig:
         return resolve_config(str(source))
 
 
+def _parsed(source: str, cfg: DeploymentConfig) -> contextlib.AbstractContextManager[None]:
+    """Inside, the flows this command runs get `cfg` for `source` instead of parsing it again."""
+    from k3deploy.blocks.source import parsed
+
+    return parsed(source, cfg)
+
+
 def _source(source: Path) -> str:
     """What a flow is given: an absolute path (a worker's folder may differ), or the block's name."""
     return str(source.resolve()) if source.exists() else str(source)
@@ -183,9 +190,9 @@ def run(
         select(only, start)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    _config(config)
+    cfg = _config(config)
     _set_runs_dir(runs_dir)
-    with _prefect() as info, _flow_log() as log:
+    with _prefect() as info, _flow_log() as log, _parsed(_source(config), cfg):
         from k3deploy.cli_output import StageProgress
         from k3deploy.flows.validate import LISTENERS, validate
 
@@ -257,11 +264,11 @@ def rerun(
         chosen = find(target)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    _config(config)
+    cfg = _config(config)
     options = _stage_options(fresh, no_download, full_verify).of(chosen)
     if "teardown_after" in chosen.alone:
         options["teardown_after"] = teardown_after
-    _run_one(chosen.name, _source(config), options, fmt)
+    _run_one(chosen.name, _source(config), cfg, options, fmt)
 
 
 def _retry(run: str) -> None:
@@ -275,18 +282,17 @@ def _retry(run: str) -> None:
     _print_run(str(state.state_details.flow_run_id), state, info.ui, log)
 
 
-def _run_one(name: str, source: str, options: dict[str, Any], fmt: Format) -> None:
-    from k3deploy.blocks.source import resolve_config
+def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, Any], fmt: Format) -> None:
     from k3deploy.flows.registry import FINAL
     from k3deploy.flows.registry import stage as find
 
-    with _prefect(), _flow_log() as log:
+    with _prefect(), _flow_log() as log, _parsed(source, cfg):
         # A stage run alone takes the cluster as validate does; teardown is a clean-up, safe any time.
         turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if name != FINAL:
             from k3deploy.cluster_lock import hold_cluster
 
-            turn = hold_cluster(resolve_config(source).cluster, None, f"k3deploy rerun {name} (pid {os.getpid()})")
+            turn = hold_cluster(cfg.cluster, None, f"k3deploy rerun {name} (pid {os.getpid()})")
         with turn:
             try:
                 result: StageResult = find(name).load()(config=source, **options)
@@ -335,8 +341,7 @@ def deploy(
 @app.command()
 def teardown(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
     """Stop and remove this config's containers on every node, and prove none is left; safe to repeat."""
-    _config(config)
-    _run_one("teardown", _source(config), {}, fmt)
+    _run_one("teardown", _source(config), _config(config), {}, fmt)
 
 
 @app.command()

@@ -93,3 +93,31 @@ def test_a_run_where_no_check_applies_is_not_applicable(prefect_server, tmp_path
     result = comm(config=write_config(tmp_path / "local.yaml", local_profile(tmp_path)))
     assert (result.verdict, result.reason) == (Verdict.NOT_APPLICABLE, REASON)
     assert len(result.data["not_applicable"]) == len(NPU_GROUPS) and result.findings == []
+
+
+def test_a_command_parses_its_config_once_and_hands_it_to_its_flows(prefect_server, tmp_path, monkeypatch):
+    """`k3deploy rerun -c site.yaml comm`: the CLI's check before Prefect starts is the only parse; the cluster
+    hold and the comm flow (given the path, as its parameter must be) get that config, and nothing stays."""
+    from typer.testing import CliRunner
+
+    from k3deploy.blocks import source as config_source
+    from k3deploy.blocks.deployment import DeploymentConfig
+    from k3deploy.cli import app
+
+    path = write_config(tmp_path / "site.yaml", local_profile(tmp_path))
+    validations = []
+    plain = DeploymentConfig.model_validate
+
+    def counted(data: Any, **kwargs: Any) -> DeploymentConfig:
+        validations.append(1)
+        return plain(data, **kwargs)
+
+    monkeypatch.setattr(DeploymentConfig, "model_validate", counted)
+    monkeypatch.setenv("K3DEPLOY_RUNS_DIR", str(tmp_path / "runs"))
+    result = CliRunner().invoke(app, ["rerun", "-c", path, "comm", "--fresh", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert '"verdict": "pass"' in result.output
+    assert len(validations) == 1
+    assert config_source._PARSED == {}  # handed on only while the command ran
+    config_source.resolve_config(path)  # the counter sees a parse: outside a command, a path is parsed
+    assert len(validations) == 2
