@@ -26,7 +26,7 @@ from k3deploy.record import build_record
 from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.run_report import record_run, write_report
-from k3deploy.stage import StageResult, Verdict, now
+from k3deploy.stage import StageResult, Verdict, held, now
 from k3deploy.tasks.stage_cache import passed_stage, stage_inputs_key
 from k3deploy.tasks.stage_run import error_cause
 
@@ -46,12 +46,14 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     _tell(stage.name, None)
     started = now()
     chosen = {k: v for k, v in options.items() if k in stage.options}
+    reused = False
     try:
         if stage.cached:
             key = stage_inputs_key(stage, cfg, options, run_id)
             state = passed_stage(stage.name, stage.load(), cfg, chosen, key, return_state=True)
             result = state.result()
-            if state.name == "Cached":
+            reused = state.name == "Cached"
+            if reused:
                 get_run_logger().info("%s passed in an earlier attempt of this run with the same inputs", stage.name)
         else:
             result = stage.load()(config=cfg, **chosen)
@@ -60,6 +62,7 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     except K3DeployError as err:  # a stage that failed before it could gather findings
         result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=str(err), started_at=started,
                              failure=error_cause(err, None))  # fmt: skip
+    result = held(result, len(cfg.cluster.nodes), started, reused)
     _tell(stage.name, result)
     return result
 

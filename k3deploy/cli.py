@@ -285,6 +285,7 @@ def _retry(run: str) -> None:
 def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, Any], fmt: Format) -> None:
     from k3deploy.flows.registry import FINAL
     from k3deploy.flows.registry import stage as find
+    from k3deploy.stage import held, now
 
     with _prefect(), _flow_log() as log, _parsed(source, cfg):
         # A stage run alone takes the cluster as validate does; teardown is a clean-up, safe any time.
@@ -294,10 +295,12 @@ def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, A
 
             turn = hold_cluster(cfg.cluster, None, f"k3deploy rerun {name} (pid {os.getpid()})")
         with turn:
+            started = now()
             try:
                 result: StageResult = find(name).load()(config=source, **options)
             except StageFailed as failed:
                 result = failed.result
+            result = held(result, len(cfg.cluster.nodes), started, reused=False)
     if fmt is Format.json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -34,10 +34,11 @@ class StageProgress:
 
 def stage_table(stages: list[StageResult], title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("stage", "verdict", "time", "key figure"):
+    for column in ("stage", "verdict", "time", "node·s", "key figure"):
         table.add_column(column, overflow="fold")
     for s in stages:
-        table.add_row(s.stage, verdict_text(s.verdict), f"{s.seconds:.1f} s", s.summary or s.reason)
+        spent = f"{s.node_seconds:.0f}" + (f" ({s.saved_node_seconds:.0f} reused)" if s.saved_node_seconds else "")
+        table.add_row(s.stage, verdict_text(s.verdict), f"{s.seconds:.1f} s", spent, s.summary or s.reason)
     return table
 
 
@@ -74,6 +75,7 @@ def print_record(console: Console, record: RunRecord) -> None:
     )
     console.print(f"config {record.config_fingerprint}: {len(record.config['cluster']['nodes'])} nodes")
     console.print(stage_table(record.stages))
+    console.print(record.cluster_time())
     if record.failure is not None:
         console.print(f"failed at {record.failed_stage}: {record.failure.describe()}", markup=False, highlight=False)
     for stage in record.stages:

@@ -70,9 +70,19 @@ class RunRecord(BaseModel):
     image: ImageProvenance | None = None
     plan: dict[str, Any] | None = Field(default=None, description="The rendered launch plan (what ran).")
     stages: list[StageResult]
+    cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours the run held the cluster for its stages.")
+    saved_cluster_hours: float = Field(
+        default=0.0, ge=0, description="Node-hours not spent again: stages reused from an earlier attempt."
+    )
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.stage == name), None)
+
+    def cluster_time(self) -> str:
+        """'cluster time: 0.0142 node-hours' and what reusing stages that passed saved."""
+        line = f"cluster time: {self.cluster_hours:.4g} node-hours"
+        saved = self.saved_cluster_hours
+        return line + (f" ({saved:.4g} saved by reusing stages that passed)" if saved else "")
 
 
 # -- the evidence inside a record, read back strictly (history and the report judge by it) ---------------------
@@ -238,6 +248,8 @@ def build_record(
         image=ImageProvenance.model_validate(image.data) if image and image.data.get("image_id") else None,
         plan=launch.data.get("plan") if launch else None,
         stages=stages,
+        cluster_hours=round(sum(s.node_seconds for s in stages) / 3600, 4),
+        saved_cluster_hours=round(sum(s.saved_node_seconds for s in stages) / 3600, 4),
     )
 
 

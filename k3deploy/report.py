@@ -39,7 +39,14 @@ def _fmt(value: float | None) -> str:
 
 def stage_rows(record: RunRecord) -> list[dict[str, str]]:
     return [
-        {"stage": s.stage, "verdict": s.verdict.value, "seconds": f"{s.seconds:g}", "summary": s.summary or s.reason}
+        {
+            "stage": s.stage,
+            "verdict": s.verdict.value,
+            "seconds": f"{s.seconds:g}",
+            "node-seconds": f"{s.node_seconds:g}"
+            + (f" ({s.saved_node_seconds:g} reused)" if s.saved_node_seconds else ""),
+            "summary": s.summary or s.reason,
+        }
         for s in record.stages
     ]
 
@@ -126,7 +133,8 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
         lines += [f"The run {comparison.why}.", ""] if comparison.why else []
         lines += [f"- changed since the last pass: {c}" for c in comparison.changes[:20]]
         lines += [f"- left out of the history, unreadable: {u}" for u in comparison.unreadable] + [""]
-    lines += ["## Stages", "", *_md_table(stage_rows(record)), "", "## Bench", "", *_md_table(bench_rows(record))]
+    lines += ["## Stages", "", *_md_table(stage_rows(record)), "", record.cluster_time() + ".", ""]
+    lines += ["## Bench", "", *_md_table(bench_rows(record))]
     lines += ["", "## Accuracy", "", *_md_table(accuracy_rows(record))]
     if comparison is not None:
         lines += ["", "## Against history and baselines", "", *_md_table(comparison_rows(comparison))]
@@ -297,7 +305,7 @@ def html_page(
         if comparison.unreadable:
             items = "".join(f"<li>{_e(u)}</li>" for u in comparison.unreadable)
             parts.append(f"<p>Left out of the history, unreadable:</p><ul>{items}</ul>")
-    parts += ["<h2>Stages</h2>", _html_table(stage_rows(record))]
+    parts += ["<h2>Stages</h2>", _html_table(stage_rows(record)), f"<p>{_e(record.cluster_time())}.</p>"]
     parts += ["<h2>Bench</h2>", _html_table(bench_rows(record))]
     charts = concurrency_charts(record)
     if charts:

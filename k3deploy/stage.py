@@ -78,6 +78,15 @@ class StageResult(BaseModel):
     failure: FailureCause | None = Field(default=None, description="A failed stage's class and evidence.")
     started_at: datetime = Field(default_factory=now)
     ended_at: datetime = Field(default_factory=now)
+    node_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Cluster time this run spent on the stage: its wall time here × the nodes the run held "
+        "(0 when skipped; only the cache lookup when reused from an earlier attempt).",
+    )
+    saved_node_seconds: float = Field(
+        default=0.0, ge=0, description="The cluster time a reuse saved: what the earlier attempt spent on it."
+    )
 
     @property
     def seconds(self) -> float:
@@ -96,3 +105,11 @@ def failure_lines(findings: list[Finding], limit: int = 20) -> list[str]:
     """The failed findings as 'subject: check: detail' lines, at most `limit` and a count of the rest."""
     bad = [f"{f.subject}: {f.check}: {f.detail}" for f in findings if not f.ok]
     return bad[:limit] + ([f"… and {len(bad) - limit} more"] if len(bad) > limit else [])
+
+
+def held(result: StageResult, nodes: int, started: datetime, reused: bool) -> StageResult:
+    """`result` with the cluster time this run spent on it (wall time since `started` × `nodes`) and,
+    when it was reused from an earlier attempt, the time that attempt spent: what the reuse saved."""
+    spent = round((now() - started).total_seconds() * nodes, 1)
+    saved = (result.node_seconds or round(result.seconds * nodes, 1)) if reused else 0.0
+    return result.model_copy(update={"node_seconds": spent, "saved_node_seconds": saved})

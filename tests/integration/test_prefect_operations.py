@@ -294,6 +294,15 @@ def test_retry_of_a_failed_run_skips_the_stages_that_passed_unless_their_inputs_
     assert flows.count("launch") == 2 and flows.count("bench") == 2 and stages
     cached = [name for name, st in task_runs(run_id) if st == "Cached"]
     assert sorted(cached) == ["image", "models"]
+    retried = read_record(str(run_id))
+    nodes = len(retried.config["cluster"]["nodes"])
+    for stage in retried.stages:  # the cluster time counted: wall time × nodes, and what a reuse saved
+        if stage.stage in ("models", "image"):
+            assert stage.saved_node_seconds == round(stage.seconds * nodes, 1) > 0, stage
+        else:
+            assert stage.saved_node_seconds == 0 and stage.node_seconds + 0.1 >= stage.seconds * nodes, stage
+    assert retried.cluster_hours == round(sum(s.node_seconds for s in retried.stages) / 3600, 4) > 0
+    assert retried.saved_cluster_hours == round(sum(s.saved_node_seconds for s in retried.stages) / 3600, 4) > 0
 
     commit = next(c.commit for c in read_record(str(run_id)).checkpoints if c.role == "target")
     data["models"]["target"]["revision"] = commit  # a changed checkpoint revision: models' inputs changed

@@ -169,3 +169,31 @@ def test_runs_are_listed_newest_first_and_an_ambiguous_prefix_is_refused(tmp_pat
                                                  "(char 1)"]  # fmt: skip
     with pytest.raises(Exception, match="'aa' matches 2 runs"):
         read_record("aa", tmp_path)
+
+
+def test_cluster_time_is_wall_time_times_nodes_and_a_reuse_counts_what_it_saved():
+    from rich.console import Console
+
+    from k3deploy.cli_output import print_record
+    from k3deploy.report import markdown
+    from k3deploy.stage import held, now
+
+    start = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+    ran = StageResult(stage="models", verdict=Verdict.PASS, started_at=start, ended_at=start + timedelta(seconds=900))
+    began = now() - timedelta(seconds=10)
+    spent = held(ran, 4, began, reused=False)
+    assert spent.saved_node_seconds == 0 and 40 <= spent.node_seconds < 40 + 4 * 60  # ~10 s here × 4 nodes
+    reused = held(ran, 4, now(), reused=True)  # the earlier attempt's 900 s on 4 nodes, not spent again
+    assert reused.saved_node_seconds == 3600 and reused.node_seconds < 4 * 60
+    assert held(spent, 4, now(), reused=True).saved_node_seconds == spent.node_seconds  # its own count first
+
+    cfg = parse_config(site_data())
+    stages = [reused.model_copy(update={"node_seconds": 2.0}), spent.model_copy(update={"node_seconds": 5400.0})]
+    rec = build_record("run-t", None, cfg, stages, start, start + timedelta(hours=1))
+    assert (rec.cluster_hours, rec.saved_cluster_hours) == (round(5402 / 3600, 4), 1.0)
+    assert rec.cluster_time() == "cluster time: 1.501 node-hours (1 saved by reusing stages that passed)"
+    console = Console(width=200, record=True)
+    print_record(console, rec)
+    shown = console.export_text()
+    assert "node·s" in shown and "2 (3600 reused)" in shown and "5400" in shown and rec.cluster_time() in shown
+    assert rec.cluster_time() + "." in markdown(rec, None, {})
