@@ -29,12 +29,13 @@ _SERVING: dict[str, DeploymentConfig] = {}
 
 @contextmanager
 def serving(run_id: str, cfg: DeploymentConfig) -> Iterator[None]:
-    """While inside, a crash or cancellation of run `run_id` in this process tears down `cfg`'s servers."""
+    """While inside, a crash or cancellation of run `run_id` in this process tears down `cfg`'s servers.
+
+    Left in place when the body raises: the flow's hooks run after it has unwound, and find it then.
+    """
     _SERVING[run_id] = cfg
-    try:
-        yield
-    finally:
-        _SERVING.pop(run_id, None)
+    yield
+    _SERVING.pop(run_id, None)
 
 
 def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
@@ -46,10 +47,12 @@ def teardown_on_abort(flow: Any, flow_run: Any, state: Any) -> None:
         logger.info("%s %s ended %s before any stage: nothing to tear down", flow.name, flow_run.id, state.name)
         return
     params = flow_run.parameters
+    if cfg is None and not isinstance(params.get("config"), str):
+        logger.error("%s %s ended %s; its config is unknown here: run `k3deploy teardown`", flow.name, flow_run.id,
+                     state.name)  # fmt: skip
+        return
     try:
         if cfg is None:
-            if not isinstance(params.get("config"), str):
-                raise K3DeployError("its config was given in-process and is gone with the process")
             draft = str(params.get("draft") or AS_CONFIGURED)
             cfg = apply_options(resolve_config(params["config"]), draft, BenchOptions())
         removed = remove_servers(cfg)
