@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def test_a_run_where_no_check_applies_is_not_applicable(prefect_server, tmp_path
 def test_a_command_parses_its_config_once_and_hands_it_to_its_flows(prefect_server, tmp_path, monkeypatch):
     """`k3deploy rerun -c site.yaml comm`: the CLI's check before Prefect starts is the only parse; the cluster
     hold and the comm flow (given the path, as its parameter must be) get that config, and nothing stays."""
+    from prefect.settings import PREFECT_API_URL
     from typer.testing import CliRunner
 
     from k3deploy.blocks import source as config_source
@@ -114,9 +116,14 @@ def test_a_command_parses_its_config_once_and_hands_it_to_its_flows(prefect_serv
 
     monkeypatch.setattr(DeploymentConfig, "model_validate", counted)
     monkeypatch.setenv("K3DEPLOY_RUNS_DIR", str(tmp_path / "runs"))
+    # The CLI puts its server in the environment (for the process it is): here the tests' server, and
+    # monkeypatch puts the environment back, or later tests' threads would talk to another server.
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     result = CliRunner().invoke(app, ["rerun", "-c", path, "comm", "--fresh", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert '"verdict": "pass"' in result.output
+    assert os.environ["PREFECT_API_URL"] == PREFECT_API_URL.value()  # it ran on the tests' server
     assert len(validations) == 1
     assert config_source._PARSED == {}  # handed on only while the command ran
     config_source.resolve_config(path)  # the counter sees a parse: outside a command, a path is parsed
