@@ -79,6 +79,13 @@ class DeploymentConfig(StrictBlock):
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def evidence_key(self) -> str:
+        """Names the folder of a measuring stage's saved outputs (bench, accuracy): what was measured under
+        this very config is reused on a Retry; any other (a Retry after an edit, a bisect's next experiment)
+        measures afresh."""
+        blob = json.dumps(self.public(), sort_keys=True, default=str).encode()
+        return f"{self.fingerprint()}-{hashlib.sha256(blob).hexdigest()[:8]}"
+
     def public(self) -> dict[str, Any]:
         """The config as JSON with every secret set to null (not masked: a mask still says a secret exists)."""
 

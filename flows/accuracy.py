@@ -30,7 +30,8 @@ def accuracy(config: ConfigSource) -> StageResult:
     run = StageRun("accuracy", AccuracyStageFailed)
     if not settings.evaluators:
         return run.not_applicable("no evaluator chosen (accuracy.evaluators: lm_eval, ais_bench)")
-    folder = run_folder(str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id), "accuracy").resolve()
+    root = str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id)
+    folder = (run_folder(root, "accuracy") / cfg.evidence_key()).resolve()
     scores: list[Score] = []
     with run.guard(), watching(cfg, "accuracy") as watch:
         lm, ais = evaluator_settings(settings)

@@ -3,8 +3,8 @@
 Each cell (workload × concurrency) runs `bench.repeats` times and is VALID only when every request
 succeeded, the prefix cache was as the workload means it (from /metrics around each run) and the
 concurrency asked for was reached (tasks/bench/cells.py); its figures are medians with their spread,
-compared with their baselines. Runs already measured in this run's folder are not repeated (a sweep
-or a Retry resumes). The runs go on under a watch of every rank: one that dies, logs a fatal line or
+compared with their baselines. Runs already measured in this run's folder under this very config are not
+repeated (a sweep or a Retry resumes). The runs go on under a watch of every rank: one that dies, logs a fatal line or
 gets stuck stops the tool and fails the stage within seconds, naming node and DP rank
 (tasks/watch/liveness.py).
 """
@@ -28,7 +28,8 @@ def bench(config: ConfigSource) -> StageResult:
     """Each planned run passes when all its requests completed and its figures meet their baselines."""
     cfg = resolve_config(config)
     run = StageRun("bench", BenchStageFailed)
-    folder = run_folder(str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id), "bench")
+    root = str(runtime.flow_run.root_flow_run_id or runtime.flow_run.id)
+    folder = run_folder(root, "bench") / cfg.evidence_key()
     plan = render_plan(cfg)
     sweep = Sweep(findings=run.findings)  # a cell judged before a rank was lost stays among the findings
     with run.guard(), watching(cfg, "bench") as watch:

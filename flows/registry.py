@@ -38,7 +38,7 @@ class Stage:
     cached: bool = False  # persisted result: a retry of validate does not run it again once it passed
     options: tuple[str, ...] = ()  # the StageOptions fields the flow takes (parameters of the same name)
     alone: tuple[str, ...] = ()  # parameters only a run of the stage by itself sets (`k3deploy rerun -c`)
-    inputs: tuple[str, ...] = ()  # config sections a cached stage reads: a retry runs it again if they changed
+    inputs: tuple[str, ...] = ()  # config sections or keys a cached stage reads: a retry runs it again if they changed
 
     def __post_init__(self) -> None:
         unknown = set(self.options) - set(StageOptions.model_fields)
@@ -56,9 +56,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("models", "k3deploy.flows.models:models", "checkpoints verified on every node",
           cached=True, options=("download", "full_verify"), inputs=("cluster", "models")),
     Stage("comm", "k3deploy.flows.comm:comm", "NPU links and cross-node pings",
-          cached=True, options=("fresh",), inputs=("cluster", "serve")),
+          cached=True, options=("fresh",), inputs=("cluster", "serve.service_port", "serve.rpc_port")),
     Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside",
-          cached=True, inputs=("cluster", "image", "serve")),
+          cached=True, inputs=("cluster", "image", "serve.runtime", "serve.container")),
     # Never cached: what it starts is torn down at the end of every run.
     Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", alone=("teardown_after",)),
     # Never cached: they ask the service that this run started (or one left up with --keep-serving).

@@ -32,11 +32,32 @@ class CachedStage(Protocol):
 
 def stage_inputs_key(stage: CachedStage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> str:
     """This run, this stage and what it reads: a retry of the run skips the stage only if these are the same."""
-    public = cfg.public()
-    inputs = {section: public.get(section) for section in stage.inputs}
+    return f"k3deploy-stage-{run_id}-{stage.name}-{inputs_digest(stage, cfg.public(), options)}"
+
+
+def inputs_digest(stage: CachedStage, public: dict[str, Any], options: dict[str, Any]) -> str:
+    """What the stage reads of a config (as `DeploymentConfig.public()` or a run record holds it) and its options."""
+    inputs: dict[str, Any] = {path: _pick(public, path) for path in stage.inputs}
     inputs["options"] = {k: v for k, v in options.items() if k in stage.options}
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"k3deploy-stage-{run_id}-{stage.name}-{digest}"
+    return hashlib.sha256(json.dumps(_numbers(inputs), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _numbers(value: Any) -> Any:
+    """60.0 as 60: a record read back from JSON holds whole floats as ints, and is the same config."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+def _pick(data: dict[str, Any], dotted: str) -> Any:
+    value: Any = data
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _key(_context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -56,3 +56,19 @@ def test_a_stage_is_skipped_on_retry_only_while_the_sections_it_reads_are_unchan
     benched = cfg.model_copy(deep=True)
     benched.bench.num_prompts = 7
     assert key == stage_inputs_key(models, benched, {"download": True}, "run-1")
+
+
+def test_comm_and_image_read_only_the_serve_keys_they_use():
+    cfg = load_config(str(LOCAL))
+    comm, image = BY_NAME["comm"], BY_NAME["image"]
+    tuned = cfg.model_copy(deep=True)
+    tuned.serve.max_num_seqs = 1  # launch's flag: neither reads it, so neither runs again for it
+    for stage in (comm, image):
+        assert stage_inputs_key(stage, cfg, {}, "run-1") == stage_inputs_key(stage, tuned, {}, "run-1")
+    moved = cfg.model_copy(deep=True)
+    moved.serve.rpc_port += 1  # comm checks the port is free
+    assert stage_inputs_key(comm, cfg, {}, "run-1") != stage_inputs_key(comm, moved, {}, "run-1")
+    assert stage_inputs_key(image, cfg, {}, "run-1") == stage_inputs_key(image, moved, {}, "run-1")
+    contained = cfg.model_copy(deep=True)
+    contained.serve.runtime = "docker"  # the image stage probes an image instead of an environment
+    assert stage_inputs_key(image, cfg, {}, "run-1") != stage_inputs_key(image, contained, {}, "run-1")
