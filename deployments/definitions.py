@@ -1,4 +1,4 @@
-"""The deployments, one source of truth: nightly validate, validate from the UI, one per stage, teardown.
+"""The deployments, one source of truth: nightly validate, validate from the UI, one per stage, bisect, teardown.
 
 Every deployment runs the installed package's flows by module path on a `process` work pool, so a
 worker host needs only `pip install` of this repository; the deployment config is a saved block's
@@ -18,6 +18,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 from prefect.workers.process import ProcessWorker
 
+from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
@@ -34,7 +35,7 @@ TAGS = ["k3deploy"]
 def deployments(
     config: str, cron: str = NIGHTLY_CRON, timezone: str = "UTC", where: Path | None = None, runs: Path | None = None
 ) -> list[RunnerDeployment]:
-    """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), teardown.
+    """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), bisect, teardown.
 
     A process worker runs each flow in a scratch folder: the runs start in `where` (relative paths of the
     config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
@@ -69,6 +70,15 @@ def deployments(
                 **common,
             )
         )
+    out.append(
+        bisect.to_deployment(
+            "bisect",
+            parameters={"config": config},
+            description="Give a REGRESSED or failed run's id: experiments from launch on find which difference "
+            "since its last pass did it (config key, image, checkpoint, draft); its record and report section.",
+            **common,
+        )
+    )
     out.append(
         teardown.to_deployment(
             "teardown",

@@ -181,10 +181,14 @@ def run(
     fresh: Fresh = False,
     no_download: NoDownload = False,
     full_verify: FullVerify = False,
+    baseline_run: Annotated[
+        str | None, typer.Option("--baseline-run", help="Also judge the figures against this run's (an id or prefix).")
+    ] = None,
     runs_dir: RunsDir = None,
 ) -> None:
     """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
     from k3deploy.flows.registry import select
+    from k3deploy.run_options import BenchOptions
 
     try:
         select(only, start)
@@ -202,6 +206,7 @@ def run(
             only=only or None,
             from_stage=start,
             stages=_stage_options(fresh, no_download, full_verify),
+            bench=BenchOptions(baseline_run=baseline_run),
             keep_serving=keep_serving,
             return_state=True,
         )
@@ -309,6 +314,67 @@ def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, A
         print_stage_result(out, result)
         out.print(f"log: {log}")
     if not result.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bisect(
+    run_id: Annotated[str, typer.Argument(help="A REGRESSED or failed run's id (or a unique prefix).")],
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Deployment YAML or saved block whose secrets the experiments use."),
+    ] = None,
+    good: Annotated[
+        str | None, typer.Option("--good", help="The passing run to bisect against (default: the last pass).")
+    ] = None,
+    max_experiments: Annotated[int, typer.Option("--max-experiments", min=1, help="Stop after this many.")] = 8,
+    resume: Annotated[bool, typer.Option("--resume", help="Take up this run's unfinished bisect.")] = False,
+    runs_dir: RunsDir = None,
+) -> None:
+    """Find what broke a run: experiments from launch on, each difference since the last pass varied.
+
+    Prints each experiment as it ends, then the verdict (culprit, interaction, not reproducible, undecided),
+    what the bisect spent and saved in cluster time, and where its record is. Exits 1 unless it decided.
+    """
+    _set_runs_dir(runs_dir)
+    source = _source(config) if config else None
+    cfg = _config(config) if config else None
+    with _prefect() as info, _flow_log() as log:
+        from k3deploy.cli_output import ExperimentProgress, StageProgress
+        from k3deploy.flows.bisect import EXPERIMENT_LISTENERS
+        from k3deploy.flows.bisect import bisect as bisect_flow
+        from k3deploy.flows.validate import LISTENERS
+
+        LISTENERS.append(StageProgress(err))
+        EXPERIMENT_LISTENERS.append(ExperimentProgress(err))
+        with _parsed(source, cfg) if source and cfg else contextlib.nullcontext():
+            state = bisect_flow(
+                run=run_id, config=source, good_run=good, max_experiments=max_experiments, resume=resume,
+                return_state=True,
+            )  # fmt: skip
+    _print_bisect(str(state.state_details.flow_run_id), state, info.ui, log)
+
+
+def _print_bisect(bisect_id: str, state: Any, ui: str, log: Path) -> None:
+    from k3deploy.bisect_record import BISECT_NAME, read_bisect
+    from k3deploy.bisect_search import BisectVerdict
+    from k3deploy.cli_output import print_bisect
+    from k3deploy.paths import run_folder
+
+    record = read_bisect(bisect_id)
+    if record is None:
+        err.print(f"log: {log}")
+        state.result()  # it stopped before its first record: raise why
+        raise K3DeployError("the bisect ended without a record")
+    folder = run_folder(bisect_id).resolve()
+    out.print()
+    print_bisect(out, record)
+    out.print(f"bisect record: {folder / BISECT_NAME}")
+    out.print(f"log: {_keep_log(log, folder)}")
+    out.print(f"Prefect UI: {ui}/runs/flow-run/{bisect_id}")
+    if not state.is_completed():
+        state.result()
+    if record.outcome is None or record.outcome.verdict is BisectVerdict.UNDECIDED:
         raise typer.Exit(1)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from k3deploy.bisect_record import BisectRecord, Experiment, experiment_rows, verdict_line
 from k3deploy.history import Comparison
 from k3deploy.record import RunRecord
 from k3deploy.stage import StageResult, Verdict, failure_lines
@@ -30,6 +31,38 @@ class StageProgress:
         self.console.print(f"[bold]■ {stage}[/] {verdict_text(result.verdict)} in {result.seconds:.1f} s  {figure}")
         for line in failure_lines(result.findings, limit=10):
             self.console.print(f"    {line}", markup=False, highlight=False)
+
+
+class ExperimentProgress:
+    """Listener for bisect: a line when an experiment starts and one with its judgement."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, name: str, experiment: Experiment | None) -> None:
+        if experiment is None:
+            self.console.print(f"[bold]▶▶ experiment {name}[/]", markup=True, highlight=False)
+            return
+        like = {True: "like the bad end", False: "like the good end", None: "neither"}[experiment.reproduces]
+        self.console.print(f"[bold]■■ experiment {name}[/]: {like}: {experiment.evidence}", highlight=False)
+
+
+def print_bisect(console: Console, record: BisectRecord) -> None:
+    """The suspects, each experiment, the verdict and what the search cost."""
+    console.print(f"bisect of run {record.bad_run} against its last pass {record.good_run}", highlight=False)
+    console.print(f"judged on: {record.target.describe()}", markup=False, highlight=False)
+    for suspect in record.suspects:
+        console.print(f"  suspect {suspect.name}: {suspect.describe()}", markup=False, highlight=False)
+    for fixed in record.fixed:
+        console.print(f"  cannot vary: {fixed}", markup=False, highlight=False)
+    table = Table(title="experiments", title_justify="left")
+    for column in ("experiment", "verdict", "evidence", "reused", "node·s"):
+        table.add_column(column, overflow="fold")
+    for row in experiment_rows(record):
+        table.add_row(*row.values())
+    console.print(table)
+    console.print(f"verdict: {verdict_line(record)}", markup=False, highlight=False)
+    console.print(record.spend(), markup=False, highlight=False)
 
 
 def stage_table(stages: list[StageResult], title: str | None = None) -> Table:

@@ -279,9 +279,13 @@ th{background:#f2f2f2}.plots{display:flex;flex-wrap:wrap;gap:16px}.plot{border:1
 
 
 def html_page(
-    record: RunRecord, comparison: Comparison | None, history: Sequence[RunRecord], links: dict[str, str]
+    record: RunRecord,
+    comparison: Comparison | None,
+    history: Sequence[RunRecord],
+    links: dict[str, str],
+    sections: Sequence[str] = (),
 ) -> str:
-    """The whole report as one HTML document: no script, no external file."""
+    """The whole report as one HTML document: no script, no external file; `sections` (HTML, a bisect's) last."""
     colour = VERDICT_COLOURS[record.verdict]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -319,5 +323,5 @@ def html_page(
         if trend:
             parts.append("<div class='plots'>" + "".join(trend) + "</div>")
     items = "".join(f"<li>{_e(name)}: <a href='{_e(target)}'>{_e(target)}</a></li>" for name, target in links.items())
-    parts += [f"<h2>Files</h2><ul>{items}</ul>", "</body></html>"]
+    parts += [*sections, f"<h2>Files</h2><ul>{items}</ul>", "</body></html>"]
     return "\n".join(parts) + "\n"

@@ -14,8 +14,9 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
+from k3deploy.bisect_record import BisectRecord, bisect_html, bisects_of
 from k3deploy.errors import K3DeployError
-from k3deploy.history import Comparison, compare
+from k3deploy.history import Comparison, RegressionVerdict, compare
 from k3deploy.paths import runs_dir
 from k3deploy.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.report import html_page, markdown
@@ -40,7 +41,9 @@ def render_report(
         "comparison": (folder / COMPARISON).as_uri(),
     }
     history = [r for r in candidates if r.run_id in comparison.history_runs]
-    return comparison, links, markdown(record, comparison, links), html_page(record, comparison, history, links)
+    sections = [bisect_html(b) for b in bisects_of(record.run_id, root)]
+    page = html_page(record, comparison, history, links, sections)
+    return comparison, links, markdown(record, comparison, links), page
 
 
 def write_report_files(
@@ -85,3 +88,44 @@ def record_run(record: RunRecord) -> str:
     ]
     create_table_artifact(rows, key="validate-stages", description=f"run {record.run_id}: {record.verdict}")
     return str(path)
+
+
+def judged(record: RunRecord, root: Path | None = None) -> RegressionVerdict | None:
+    """The regression verdict the run's report gave (its comparison.json), None without a readable one."""
+    try:
+        return RegressionVerdict(json.loads(((root or runs_dir()) / record.run_id / COMPARISON).read_text())["verdict"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def regressed_keys(record: RunRecord, root: Path | None = None) -> list[str]:
+    """The figures the run's report judged REGRESSED (its comparison.json), else judged again from the store."""
+    base = root or runs_dir()
+    path = base / record.run_id / COMPARISON
+    try:
+        metrics = json.loads(path.read_text())["metrics"]
+        return [m["key"] for m in metrics if m["verdict"] == RegressionVerdict.REGRESSED.value]
+    except (OSError, ValueError, KeyError, TypeError):
+        scan = scan_records(base)
+        comparison = compare(record, scan.records, HISTORY_RUNS)
+        return [m.key for m in comparison.metrics if m.verdict is RegressionVerdict.REGRESSED]
+
+
+def add_to_report(run_id: str, bisect: BisectRecord, root: Path | None = None) -> str | None:
+    """The bisect's section in the bad run's HTML report, replacing an earlier one of the same bisect."""
+    path = (root or runs_dir()) / run_id / REPORT_HTML
+    try:
+        page = path.read_text()
+    except OSError:
+        return None
+    section = bisect_html(bisect)
+    start = page.find(f"<section id='bisect-{bisect.bisect_id}'>")
+    if start >= 0:
+        end = page.index("</section>", start) + len("</section>")
+        page = page[:start] + section + page[end:]
+    else:
+        at = page.find("<h2>Files</h2>")
+        at = at if at >= 0 else page.rfind("</body>")
+        page = page[:at] + section + "\n" + page[at:]
+    path.write_text(page)
+    return path.resolve().as_uri()

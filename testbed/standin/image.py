@@ -448,11 +448,15 @@ def rootfs_archive(versions: Mapping[str, str] | None = None, where: Path | None
     return archive, False
 
 
-def build_and_push(ref: str, state_dir: Path, versions: Mapping[str, str] | None = None) -> StandinImage:
-    """Build the stand-in image as `ref` with the bed's builder, push it, and describe it."""
+def build_and_push(
+    ref: str, state_dir: Path, versions: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None
+) -> StandinImage:
+    """Build the stand-in image as `ref` with the bed's builder, push it, and describe it; `env` is set in the
+    image (K3SIM_* controls baked in: an image that misbehaves wherever it runs)."""
     chosen = resolve_versions(versions)
     archive, cached = rootfs_archive(chosen)
-    image_id = registry.import_archive(archive, ref, state_dir, image_changes(chosen))
+    changes = image_changes(chosen) + [f"ENV {key}={value}" for key, value in sorted((env or {}).items())]
+    image_id = registry.import_archive(archive, ref, state_dir, changes)
     digest = registry.push_image(ref, state_dir)
     how = "imported the cached root filesystem" if cached else "built the root filesystem"
     return StandinImage(ref, image_id, digest, chosen, archive.stat().st_size, f"{how}, pushed")

@@ -804,7 +804,7 @@ class Answer:
             thinking = kwargs.get("thinking", kwargs.get("enable_thinking", True)) is not False
             if args.reasoning_parser and thinking:
                 reasoning = words(REASONING_TEXT)
-            self.tool_call = self._tool_call(args, body)
+            self.tool_call = self._tool_call(args, body, server.controls.flag("K3SIM_NO_TOOL_PARSER"))
         answer = [] if self.tool_call else words(ANSWER_TEXT)
         if ignore_eos:
             answer = list(
@@ -821,12 +821,13 @@ class Answer:
         self.blocks = prompt_blocks(body.get("messages") if chat else body.get("prompt"))
 
     @staticmethod
-    def _tool_call(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:
+    def _tool_call(args: argparse.Namespace, body: dict[str, Any], no_parser: bool = False) -> dict[str, Any] | None:
+        """`no_parser` (K3SIM_NO_TOOL_PARSER): as a vLLM whose build lacks the parser the flags name."""
         tools = body.get("tools") or []
         choice = body.get("tool_choice", "auto" if tools else "none")
         if not tools or choice == "none":
             return None
-        if choice == "auto" and not (args.enable_auto_tool_choice and args.tool_call_parser):
+        if choice == "auto" and (no_parser or not (args.enable_auto_tool_choice and args.tool_call_parser)):
             need = "--enable-auto-tool-choice and --tool-call-parser"
             raise ApiError(400, f'"auto" tool choice requires {need} to be set')
         messages = body.get("messages") or []

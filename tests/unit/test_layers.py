@@ -20,7 +20,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("k3deploy.errors", "k3deploy.stage", "k3deploy.agreement", "k3deploy.paths")),
     ("blocks", ("k3deploy.blocks",)),
     ("tasks", ("k3deploy.tasks", "k3deploy.localhub", "k3deploy.localprofile")),
-    ("record", ("k3deploy.record", "k3deploy.history", "k3deploy.report", "k3deploy.run_report")),
+    (
+        "record",
+        (
+            "k3deploy.record",
+            "k3deploy.history",
+            "k3deploy.report",
+            "k3deploy.run_report",
+            "k3deploy.bisect_search",
+            "k3deploy.bisect_record",
+        ),
+    ),
     (
         "flows",
         (

@@ -1,0 +1,184 @@
+"""`bisect`: from "what changed" to "what broke it", by running experiments on the cluster.
+
+It takes a REGRESSED or failed run and its last pass of the same config family, lists the suspects, and
+asks the search (bisect_search.next_step) for one experiment at a time: the pipeline from launch to the
+judged stage, with some suspects at the bad end's values. Models, comm and image are reused from the run
+(either end) whose pass had the same inputs, else run once in this bisect. It holds the cluster like
+validate, checks host keys once (preflight), and writes its record after every experiment: a Retry of
+the same flow run, or `--resume`, takes up the experiments already done.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect import flow, runtime
+from prefect.artifacts import create_markdown_artifact
+from prefect.logging import get_run_logger
+
+from k3deploy.bisect_record import (
+    BisectRecord,
+    Experiment,
+    ExperimentStage,
+    bisect_markdown,
+    bisects_of,
+    experiment_name,
+    read_bisect,
+    write_bisect,
+)
+from k3deploy.bisect_search import (
+    Need,
+    Target,
+    compose,
+    experiment_config,
+    judge_experiment,
+    next_step,
+    reused_pass,
+    target_of,
+)
+from k3deploy.bisect_search import suspects as find_suspects
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.source import resolve_config
+from k3deploy.cluster_lock import hold_cluster
+from k3deploy.errors import ValidateFailed
+from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, StageOptions
+from k3deploy.flows.validate import run_stage
+from k3deploy.history import RegressionVerdict, comparable
+from k3deploy.record import RunRecord, build_record, read_record, scan_records
+from k3deploy.run_abort import serving, teardown_on_abort
+from k3deploy.run_report import add_to_report, judged, regressed_keys
+from k3deploy.stage import StageResult, Verdict, now
+
+# Called as (experiment name, its result or None when it starts): how the CLI shows a bisect's progress.
+EXPERIMENT_LISTENERS: list[Callable[[str, Experiment | None], None]] = []
+DEFAULTS = StageOptions()
+
+
+@flow(name="bisect", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
+def bisect(
+    run: str,
+    config: str | None = None,
+    good_run: str | None = None,
+    max_experiments: int = 8,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Find the smallest set of differences since the last pass that reproduces a regression or failure.
+
+    Args:
+        run: The REGRESSED or failed run (its id or a unique prefix).
+        config: A DeploymentConfig block name or YAML path whose secrets the experiments use (the records hold
+            none); not needed when the deployment has none.
+        good_run: The passing run to bisect against; default: the bad run's last pass of the same family.
+        max_experiments: Stop (undecided) after this many experiments.
+        resume: Take up the experiments of this run's latest bisect that did not finish.
+    """
+    logger = get_run_logger()
+    bad = read_record(run)
+    good = read_record(good_run) if good_run else _last_pass(bad)
+    bisect_id = str(runtime.flow_run.id)
+    record = _start(bisect_id, bad, good, max_experiments, resume)
+    credentials = resolve_config(config) if config else None
+    names = [s.name for s in record.suspects]
+    base = experiment_config(bad.config, credentials)
+    logger.info("bisect of %s against %s: %d suspect(s) %s; judged on %s", bad.run_id, good.run_id, len(names),
+                names, record.target.describe())  # fmt: skip
+    with hold_cluster(base.cluster, runtime.flow_run.id, runtime.flow_run.name):
+        started = now()
+        preflight = run_stage(BY_NAME["preflight"], base, {}, bisect_id)  # every run checks host keys
+        record.cluster_hours += preflight.node_seconds / 3600
+        if not preflight.passed:
+            write_bisect(record)
+            raise ValidateFailed(f"bisect stopped at preflight: {preflight.reason or preflight.summary}")
+        step = next_step(names, record.done(), max_experiments, record.target)
+        while isinstance(step, Need):
+            cfg = experiment_config(compose(bad.config, record.suspects, set(step.applied)), credentials)
+            experiment = run_experiment(cfg, step.applied, names, record.target, (good, bad), bisect_id)
+            record.experiments.append(experiment)
+            record.cluster_hours += experiment.node_seconds / 3600
+            record.saved_cluster_hours += experiment.saved_node_seconds / 3600
+            write_bisect(record)
+            step = next_step(names, record.done(), max_experiments, record.target)
+        record.outcome, record.ended_at = step, now()
+        logger.info("bisect took %.0f s", (record.ended_at - started).total_seconds())
+    record.cluster_hours = round(record.cluster_hours, 4)
+    record.saved_cluster_hours = round(record.saved_cluster_hours, 4)
+    path = write_bisect(record)
+    markdown = bisect_markdown(record)
+    create_markdown_artifact(markdown, key="bisect", description=f"bisect of run {bad.run_id}: {step.verdict.value}")
+    report = add_to_report(bad.run_id, record)
+    logger.info("bisect record: %s; %s; %s", path, step.verdict.value, record.spend())
+    return {"bisect_id": bisect_id, "verdict": step.verdict.value, "culprits": step.culprits, "record": str(path),
+            "report": report}  # fmt: skip
+
+
+def _last_pass(bad: RunRecord) -> RunRecord:
+    """The newest earlier run of the family that passed and was not itself judged REGRESSED or MISSING."""
+    passes = comparable(bad, scan_records().records, 10**6)
+    for run in reversed(passes):
+        if judged(run) not in (RegressionVerdict.REGRESSED, RegressionVerdict.MISSING):
+            return run
+    raise ValidateFailed(f"run {bad.run_id} has no earlier passing run of its config family to bisect against")
+
+
+def _start(bisect_id: str, bad: RunRecord, good: RunRecord, budget: int, resume: bool) -> BisectRecord:
+    """This bisect's record: its own on a Retry, an unfinished earlier one's experiments on --resume, else new."""
+    own = read_bisect(bisect_id)
+    if own is not None:
+        return own.model_copy(update={"max_experiments": budget})
+    suspects, fixed = find_suspects(good, bad)
+    record = BisectRecord(bisect_id=bisect_id, bisect_name=runtime.flow_run.name, bad_run=bad.run_id,
+                          good_run=good.run_id, started_at=now(), max_experiments=budget,
+                          target=target_of(good, bad, regressed_keys(bad)), suspects=suspects, fixed=fixed)  # fmt: skip
+    if resume:
+        earlier = next((b for b in bisects_of(bad.run_id) if b.good_run == good.run_id), None)
+        if earlier is None:
+            raise ValidateFailed(f"--resume: run {bad.run_id} has no earlier bisect against {good.run_id}")
+        record.experiments, record.resumed_from = list(earlier.experiments), earlier.bisect_id
+        record.cluster_hours, record.saved_cluster_hours = earlier.cluster_hours, earlier.saved_cluster_hours
+    return record
+
+
+def run_experiment(
+    cfg: DeploymentConfig,
+    applied: frozenset[str],
+    names: list[str],
+    target: Target,
+    ends: tuple[RunRecord, RunRecord],
+    bisect_id: str,
+) -> Experiment:
+    """The pipeline up to the judged stage (launch on; cached stages reused where an end passed them with these
+    inputs), then teardown; judged against both ends."""
+    name = experiment_name(applied, names)
+    for listener in EXPERIMENT_LISTENERS:
+        listener(name, None)
+    started, results, rows = now(), list[StageResult](), list[ExperimentStage]()
+    body = [s for s in STAGES if s.name not in ("preflight", FINAL)]
+    upto = [s for s in body[: [s.name for s in body].index(target.stage) + 1]]
+    with serving(bisect_id, cfg):
+        for stage in upto:
+            if results and results[-1].verdict is Verdict.FAIL:
+                break
+            reused = reused_pass(stage, cfg, ends, DEFAULTS.model_dump()) if stage.cached else None
+            result = reused[1] if reused else run_stage(stage, cfg, DEFAULTS.model_dump(), bisect_id)
+            results.append(result)
+            rows.append(_row(result, reused[0] if reused else ("this bisect" if result.saved_node_seconds else None)))
+        if any(s.name == "launch" for s in upto):
+            teardown = run_stage(BY_NAME[FINAL], cfg, {}, bisect_id)
+            results.append(teardown)
+            rows.append(_row(teardown, None))
+    record = build_record(f"{bisect_id}:{name}", name, cfg, results, started, now())
+    judgement = judge_experiment(target, record)
+    experiment = Experiment(name=name, applied=sorted(applied), started_at=started, ended_at=now(), stages=rows,
+                            reproduces=judgement.reproduces, value=judgement.value, spread=judgement.spread,
+                            evidence=judgement.evidence, failed_stage=record.failed_stage, failure=record.failure,
+                            node_seconds=round(sum(r.node_seconds for r in rows), 1),
+                            saved_node_seconds=round(sum(r.saved_node_seconds for r in rows), 1))  # fmt: skip
+    get_run_logger().info("experiment %s: %s", name, judgement.evidence)
+    for listener in EXPERIMENT_LISTENERS:
+        listener(name, experiment)
+    return experiment
+
+
+def _row(result: StageResult, reused_from: str | None) -> ExperimentStage:
+    return ExperimentStage(stage=result.stage, verdict=result.verdict, reason=result.reason,
+                           node_seconds=result.node_seconds, saved_node_seconds=result.saved_node_seconds,
+                           reused_from=reused_from)  # fmt: skip

@@ -1,0 +1,190 @@
+"""The bisect record: one versioned JSON document per bisect, beside the run records, and how it reads.
+
+It lives in runs/<bisect id>/bisect.json (no record.json there, so history never takes an experiment for
+a run); its JSON Schema is `k3deploy/schemas/bisect-record.schema.json` (`python3 -m k3deploy.bisect_record`
+rewrites it; a test checks it is current). It is written after every experiment: a bisect that stops
+resumes from it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from k3deploy.bisect_search import Outcome, Suspect, Target
+from k3deploy.errors import K3DeployError
+from k3deploy.paths import runs_dir
+from k3deploy.stage import FailureCause, Verdict
+
+BISECT_SCHEMA_VERSION: Final = 1
+BISECT_NAME = "bisect.json"
+BISECT_SCHEMA_PATH = Path(__file__).with_name("schemas") / "bisect-record.schema.json"
+GOOD_END, BAD_END = "good end", "bad end"
+
+
+class ExperimentStage(BaseModel):
+    stage: str
+    verdict: Verdict
+    reason: str = ""
+    node_seconds: float = Field(ge=0, description="Cluster time this experiment spent on the stage.")
+    saved_node_seconds: float = Field(default=0.0, ge=0, description="What reusing an earlier pass saved.")
+    reused_from: str | None = Field(default=None, description="The run (or this bisect) whose pass was reused.")
+
+
+class Experiment(BaseModel):
+    """One run of the pipeline from launch on, with some suspects at the bad end's values."""
+
+    name: str = Field(description="'bad end', 'good end', or the suspects taken from the bad end ('+key').")
+    applied: list[str] = Field(description="The suspects at the bad end's values; the rest at the good end's.")
+    started_at: datetime
+    ended_at: datetime
+    stages: list[ExperimentStage]
+    reproduces: bool | None = Field(description="Like the bad end (true), the good end (false), or neither (null).")
+    value: float | None = Field(default=None, description="The judged figure (a cell's median over its repeats).")
+    spread: list[float] = Field(default_factory=list, description="The judged figure's min and max over its repeats.")
+    evidence: str = Field(description="What the judgement rests on: the figure against both ends, or the failure.")
+    failed_stage: str | None = None
+    failure: FailureCause | None = None
+    node_seconds: float = Field(ge=0)
+    saved_node_seconds: float = Field(ge=0)
+
+
+class BisectRecord(BaseModel):
+    schema_version: Literal[1] = BISECT_SCHEMA_VERSION
+    bisect_id: str
+    bisect_name: str | None = None
+    bad_run: str
+    good_run: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    max_experiments: int = Field(ge=1)
+    target: Target = Field(description="What each experiment is judged on.")
+    suspects: list[Suspect] = Field(description="The differences the bisect can vary.")
+    fixed: list[str] = Field(default_factory=list, description="Differences no experiment can vary (the nodes').")
+    experiments: list[Experiment] = Field(default_factory=list)
+    resumed_from: str | None = Field(default=None, description="The bisect whose experiments this one took over.")
+    outcome: Outcome | None = Field(default=None, description="null while it runs, or when it stopped early.")
+    cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours the bisect held the cluster for.")
+    saved_cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours reuse of passed stages saved.")
+
+    def done(self) -> dict[frozenset[str], bool | None]:
+        return {frozenset(e.applied): e.reproduces for e in self.experiments}
+
+    def spend(self) -> str:
+        return (f"cluster time: {self.cluster_hours:.4g} node-hours spent, {self.saved_cluster_hours:.4g} saved by "
+                "reusing stages that passed")  # fmt: skip
+
+
+def experiment_name(applied: frozenset[str], names: list[str]) -> str:
+    if applied == frozenset(names):
+        return BAD_END
+    if not applied:
+        return GOOD_END
+    return " ".join(f"+{name}" for name in sorted(applied))
+
+
+def write_bisect(record: BisectRecord, root: Path | None = None) -> Path:
+    """runs/<bisect id>/bisect.json, written whole."""
+    folder = (root or runs_dir()) / record.bisect_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / BISECT_NAME
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(record.model_dump_json(indent=2) + "\n")
+    partial.replace(path)
+    return path
+
+
+def bisects_of(bad_run: str, root: Path | None = None) -> list[BisectRecord]:
+    """The readable bisects of a run, newest first (an unreadable one is left out: it judges nothing)."""
+    found = []
+    for path in (root or runs_dir()).glob(f"*/{BISECT_NAME}"):
+        try:
+            record = BisectRecord.model_validate_json(path.read_text())
+        except (OSError, ValidationError, ValueError):
+            continue
+        if record.bad_run == bad_run:
+            found.append(record)
+    return sorted(found, key=lambda r: r.started_at, reverse=True)
+
+
+def read_bisect(bisect_id: str, root: Path | None = None) -> BisectRecord | None:
+    path = (root or runs_dir()) / bisect_id / BISECT_NAME
+    if not path.exists():
+        return None
+    try:
+        return BisectRecord.model_validate_json(path.read_text())
+    except (OSError, ValidationError, ValueError) as err:
+        raise K3DeployError(f"{path}: not a bisect record: {str(err).splitlines()[0]}") from None
+
+
+# -- reading it ---------------------------------------------------------------------------------------------------
+
+
+def experiment_rows(record: BisectRecord) -> list[dict[str, str]]:
+    def shown(e: Experiment) -> str:
+        return "like the bad end" if e.reproduces else "like the good end" if e.reproduces is False else "neither"
+
+    return [
+        {
+            "experiment": e.name,
+            "verdict": shown(e),
+            "evidence": e.evidence,
+            "reused": ", ".join(s.stage for s in e.stages if s.reused_from) or "-",
+            "node·s": f"{e.node_seconds:.0f} (+{e.saved_node_seconds:.0f} saved)",
+        }
+        for e in record.experiments
+    ]
+
+
+def verdict_line(record: BisectRecord) -> str:
+    if record.outcome is None:
+        return f"unfinished after {len(record.experiments)} experiment(s): `k3deploy bisect {record.bad_run} --resume`"
+    outcome = record.outcome
+    named = f": {', '.join(outcome.culprits)}" if outcome.culprits else ""
+    cls = f" ({outcome.failure_class.value})" if outcome.failure_class else ""
+    return f"{outcome.verdict.value}{named}{cls} — {outcome.reason}"
+
+
+def bisect_markdown(record: BisectRecord) -> str:
+    lines = [f"# bisect of run {record.bad_run} (last pass {record.good_run})", "", f"**{verdict_line(record)}**"]
+    lines += ["", f"Judged on: {record.target.describe()}.", "", "## Suspects", ""]
+    lines += [f"- {s.name} ({s.kind.value}): {s.describe()}" for s in record.suspects] or ["- (none)"]
+    if record.fixed:
+        lines += ["", "Differences no experiment can vary:", ""] + [f"- {f}" for f in record.fixed]
+    lines += ["", "## Experiments", "", "| experiment | verdict | evidence | reused | node·s |", "|" + "---|" * 5]
+    lines += [f"| {' | '.join(row.values())} |" for row in experiment_rows(record)]
+    return "\n".join([*lines, "", record.spend() + "."]) + "\n"
+
+
+def bisect_html(record: BisectRecord) -> str:
+    """The bisect's section of the bad run's HTML report."""
+    e = html.escape
+    suspects = "".join(f"<li>{e(s.name)} ({e(s.kind.value)}): {e(s.describe())}</li>" for s in record.suspects)
+    fixed = "".join(f"<li>{e(f)}</li>" for f in record.fixed)
+    head = "".join(f"<th>{e(h)}</th>" for h in ("experiment", "verdict", "evidence", "reused", "node·s"))
+    rows = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in row.values()) + "</tr>"
+                   for row in experiment_rows(record))  # fmt: skip
+    return (
+        f"<section id='bisect-{e(record.bisect_id)}'><h2>Bisect {e(record.bisect_id)}</h2>"
+        f"<p><b>{e(verdict_line(record))}</b></p><p>Judged on {e(record.target.describe())}; last pass "
+        f"{e(record.good_run)}.</p><p>Suspects:</p><ul>{suspects or '<li>(none)</li>'}</ul>"
+        + (f"<p>Differences no experiment can vary:</p><ul>{fixed}</ul>" if fixed else "")
+        + f"<table><tr>{head}</tr>{rows}</table><p>{e(record.spend())}.</p></section>"
+    )
+
+
+def json_schema() -> dict[str, Any]:
+    schema = BisectRecord.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://k3deploy/bisect-record/v{BISECT_SCHEMA_VERSION}"
+    return schema
+
+
+if __name__ == "__main__":
+    BISECT_SCHEMA_PATH.write_text(json.dumps(json_schema(), indent=2) + "\n")
+    print(f"wrote {BISECT_SCHEMA_PATH}")
