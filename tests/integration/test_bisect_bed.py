@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.flow_engine import run_flow
+from prefect.states import AwaitingRetry
 
 from k3deploy.errors import ValidateFailed
 from k3deploy.flows.bisect import bisect
@@ -84,3 +88,25 @@ def test_of_two_image_tags_bisect_names_the_image_that_fails_smoke(prefect_serve
         assert reused["image"] == (bad_id if e["name"] == "bad end" else good_id)
     assert "auto" in json.dumps(document["experiments"][0]["failure"])  # vLLM's refusal, as evidence
     assert not any(ours(bed_nodes).values())  # every experiment torn down
+
+    # The UI's Retry of the bisect's flow run takes up its record: no experiment is run again.
+    bisect_id = document["bisect_id"]
+    before = stage_runs(bisect_id)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(bisect_id, AwaitingRetry(message="Retry from the test"), force=True)
+        flow_run = client.read_flow_run(bisect_id)
+    retried = run_flow(bisect, flow_run=flow_run, return_type="state")
+    assert retried.is_completed(), retried.message
+    again = json.loads(Path(result["record"]).read_text())
+    assert again["experiments"] == document["experiments"] and again["outcome"] == document["outcome"]
+    after = stage_runs(bisect_id)
+    assert after.count("launch") == before.count("launch") == 2
+    assert after.count("preflight") == before.count("preflight") + 1  # host keys are checked on every run
+
+
+def stage_runs(parent_id: str) -> list[str]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id]))
+        )
+        return [client.read_flow(r.flow_id).name for r in runs]
