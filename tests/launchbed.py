@@ -48,7 +48,8 @@ def bed_nodes(testbed) -> Iterator[dict[str, Any]]:
 def launch_data(bed, startup_s: float = 0.5, **changes: Any) -> dict[str, Any]:
     """The bed deployment with the stand-in told where its control file is, and quick readiness polling."""
     repository = bed.image_ref_by_digest.split("@")[0]
-    data = bed_config(bed, image__ref=f"{repository}:1", image__digest=bed.image_digest, **changes)
+    image = {"image__ref": f"{repository}:1", "image__digest": bed.image_digest}
+    data = bed_config(bed, **(image | changes))
     data["serve"]["env"] = {
         **SEED_ENV,
         "K3SIM_CHECK_MODEL": "0",
