@@ -151,6 +151,19 @@ class ModelsConfig(StrictBlock):
         gt=0,
         description="A hub that sends no byte for this long is given up on and the file resumed with Range (seconds).",
     )
+    distribution: Literal["stripe", "per-node"] = Field(
+        default="stripe",
+        description="stripe: each file comes through the hub once, to one node, and the others fetch it from that "
+        "node over the cluster network (one copy through the site's uplink); per-node: every node downloads "
+        "everything itself. With cluster.model_root_shared there is one copy anyway.",
+    )
+    exchange_port: int = Field(
+        default=18090,
+        ge=1,
+        le=65535,
+        description="Port each node serves its verified files to its peers on, at its cluster address, while the "
+        "models stage downloads (stripe); only this run's nodes, holding its one-time token, are served.",
+    )
     download_retries: int = Field(
         default=5,
         ge=0,

@@ -42,6 +42,9 @@ def models(config: ConfigSource, download: bool = True, full_verify: bool = Fals
     run.table("checks", [vars(f) for f in outcome.findings])
     for line in outcome.summary_lines():
         run.note(line)
+    for c in outcome.checkpoints:
+        for event in c.events():
+            run.note(f"{c.role} exchange, {event}")
     repaired = [row | {"checkpoint": c.role} for c in outcome.checkpoints for row in c.repaired()]
     run.table("repaired", repaired, "files found bad on a node (not missing) and downloaded again: check that disk")
     for row in repaired:

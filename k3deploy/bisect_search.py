@@ -146,13 +146,18 @@ def reused_pass(
     stage: CachedStage, cfg: DeploymentConfig, ends: Sequence[RunRecord], options: dict[str, Any]
 ) -> tuple[str, StageResult] | None:
     """The first end whose pass of a cached stage read the same inputs as this experiment's config, and that
-    pass as this experiment's result: nothing spent, what the end spent saved."""
+    pass as this experiment's result: nothing spent, what the end spent saved. An end's config is read as this
+    version reads it (a key added since, with its default), so a version's new setting is not a difference."""
     wanted = inputs_digest(stage, cfg.public(), options)
     for end in ends:
         passed = end.stage(stage.name)
         if passed is None or passed.verdict is not Verdict.PASS:
             continue
-        if inputs_digest(stage, end.config, options) == wanted:
+        try:
+            read = experiment_config(end.config, None).public()
+        except K3DeployError:
+            continue  # a config this version cannot read: nothing to compare with
+        if inputs_digest(stage, read, options) == wanted:
             spent = passed.node_seconds or passed.seconds * len(cfg.cluster.nodes)
             return end.run_id, passed.model_copy(update={"node_seconds": 0.0, "saved_node_seconds": spent})
     return None

@@ -81,9 +81,17 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], root: Path, page_size: int, lfs_redirect: str | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        root: Path,
+        page_size: int,
+        lfs_redirect: str | None = None,
+        connection_rate: int | None = None,
+    ) -> None:
         super().__init__(address, _Handler)
         self.root, self.page_size, self.lfs_redirect = root, page_size, lfs_redirect
+        self.connection_rate = connection_rate
         self.faults, self.log = Faults(), RequestLog()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
@@ -213,7 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._start(206 if wanted else 200, headers, to_send if self._method == "GET" else 0)
         if self._method == "HEAD":
             return
-        step = min(_CHUNK, max(1, faults.rate // 20)) if faults.rate else _CHUNK
+        # A file's own slow switch, or the hub's cap on every connection (the slower of the two).
+        rate = min((r for r in (faults.rate, self.server.connection_rate) if r), default=0)
+        step = min(_CHUNK, max(1, rate // 20)) if rate else _CHUNK
         began, sent = time.monotonic(), 0
         with commit.blob_path(path).open("rb") as f:
             f.seek(start)
@@ -224,8 +234,8 @@ class _Handler(BaseHTTPRequestHandler):
                 limit = pause_at - sent if stall is not None and pause_at is not None else to_send - sent
                 chunk = f.read(min(step, limit))
                 sent += len(chunk)
-                if faults.rate:  # wait first, so the last byte leaves no earlier than size/rate
-                    time.sleep(max(0.0, began + sent / faults.rate - time.monotonic()))
+                if rate:  # wait first, so the last byte leaves no earlier than size/rate
+                    time.sleep(max(0.0, began + sent / rate - time.monotonic()))
                 self.wfile.write(chunk.translate(_INVERT) if faults.corrupt else chunk)
         if cut is not None:
             self.close_connection = True  # the client sees the body end early
@@ -343,6 +353,8 @@ class HubServer:
     Binds `host` (127.0.0.1 by default; a bridge address for a test bed) on `port` (0: ephemeral).
     `page_size` is the HF tree page length (1000 on huggingface.co). `lfs_redirect`: a base URL (another
     HubServer on the same root) that LFS files' resolve requests are redirected to, as huggingface.co does.
+    `connection_rate`: bytes per second each file response is sent at, at most (a hub or CDN that limits
+    every connection, rather than the site's uplink limiting them all together); None: as fast as it can.
     """
 
     def __init__(
@@ -352,8 +364,11 @@ class HubServer:
         port: int = 0,
         page_size: int = 1000,
         lfs_redirect: str | None = None,
+        connection_rate: int | None = None,
     ) -> None:
-        self._server = _Server((host, port), Path(root), page_size, lfs_redirect)
+        if connection_rate is not None and connection_rate < 1:
+            raise ValueError("connection_rate must be >= 1 byte/s, or None")
+        self._server = _Server((host, port), Path(root), page_size, lfs_redirect, connection_rate)
         self._host = host
         self._thread: threading.Thread | None = None
 
@@ -420,7 +435,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--page-size", type=int, default=1000, help="HF tree page length")
+    parser.add_argument(
+        "--connection-rate", type=int, default=None, help="bytes/s each file response is sent at, at most"
+    )
     args = parser.parse_args(argv)
-    hub = HubServer(args.root, args.host, args.port, args.page_size)
+    hub = HubServer(args.root, args.host, args.port, args.page_size, connection_rate=args.connection_rate)
     print(hub.url, flush=True)
     hub.serve_forever()

@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -219,21 +220,26 @@ def verify_checkpoint(
 
 
 class Progress:
-    """Counts bytes from many threads; prints a K3PROGRESS line at most once a second."""
+    """Counts bytes from many threads, and per source (the hub, a peer); a K3PROGRESS line at most once a second."""
 
     def __init__(self, op: str, total: int) -> None:
         self.op, self.total, self.done = op, total, 0
+        self.sources: dict[str, int] = {}  # bytes received this run, by where they came from
         self._lock = threading.Lock()
         self._last = 0.0
 
-    def add(self, n: int, file: str = "") -> None:
+    def add(self, n: int, file: str = "", source: str | None = None) -> None:
+        """`source` None: bytes already on the node (a resumed partial), counted as done but not as received."""
         with self._lock:
             self.done += n
+            if source is not None:
+                self.sources[source] = self.sources.get(source, 0) + n
             now = time.monotonic()
             if now - self._last < PROGRESS_EVERY_S and self.done < self.total:
                 return
             self._last = now
-            line = json.dumps({"op": self.op, "done": self.done, "total": self.total, "file": file})
+            data = {"op": self.op, "done": self.done, "total": self.total, "file": file, "sources": self.sources}
+            line = json.dumps(data)
         print(PROGRESS + line, file=sys.stderr, flush=True)
 
 
@@ -276,14 +282,14 @@ def _is_timeout(err: BaseException) -> bool:
     return isinstance(err, socket.timeout) or isinstance(reason, socket.timeout)
 
 
-def _describe(err: BaseException, read_timeout: float) -> str:
-    """What went wrong with the hub, in words: the HTTP status, a read timeout, or the network error."""
+def _describe(err: BaseException, read_timeout: float, who: str = "the hub") -> str:
+    """What went wrong with the hub (or a peer), in words: the HTTP status, a read timeout, or the network error."""
     if isinstance(err, urllib.error.HTTPError):
-        return f"the hub answered HTTP {err.code} {err.reason}"
+        return f"{who} answered HTTP {err.code} {err.reason}"
     if _is_timeout(err):
-        return f"the hub sent nothing for {read_timeout:g} s (read timeout)"
+        return f"{who} sent nothing for {read_timeout:g} s (read timeout)"
     if isinstance(err, urllib.error.URLError):
-        return f"cannot reach the hub: {err.reason}"
+        return f"cannot reach {who}: {err.reason}"
     return f"{type(err).__name__}: {err}"
 
 
@@ -293,12 +299,27 @@ def _disk_problem(err: OSError, partial: Path, have: int, size: int) -> str:
     return f"cannot write {partial}: {why}; {have} of {size} bytes kept there, the next run resumes from them"
 
 
-def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress) -> FileCheck:
+@dataclass(frozen=True)
+class Source:
+    """Where one file's bytes come from: the hub (the job's URL and headers) or a peer (its URL, the run's token)."""
+
+    name: str = "hub"
+    url: str = ""
+    headers: dict[str, str] | None = None
+    retries: int | None = None  # None: the job's download_retries
+    who: str = "the hub"
+
+
+HUB = Source()
+
+
+def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress, source: Source = HUB) -> FileCheck:
     """Download one file into a partial that survives interruption, hashing as it arrives; move it in place.
 
     A network error, a read timeout (a stalled hub) or a transient HTTP status is retried with backoff,
     resuming with a Range request from the last byte written; the count of retries starts again whenever an
-    attempt brought bytes. A local write error (ENOSPC) ends the file at once, its partial kept for a rerun.
+    attempt brought bytes. A local write error (ENOSPC) ends the file at once, its partial kept for a rerun,
+    as is a partial whose source went away (another source resumes it); bytes that fail the checksum go.
     """
     partial = root / PARTIAL_DIR / (expected.path + ".part")
     hasher = _new_hasher(expected)
@@ -309,12 +330,15 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
     if have:
         _feed(partial, hasher)  # resume: the bytes already here count towards the checksum
         progress.add(have, expected.path)
-    retries, attempt, tries = int(job.get("retries", 5)), 0, 0
+    retries = int(job.get("retries", 5)) if source.retries is None else source.retries
+    attempt, tries = 0, 0
     read_timeout = float(job.get("read_timeout_s", 60))
+    url = source.url or expected.url
+    headers = job.get("headers", {}) if source.headers is None else source.headers
     while have < expected.size:
         before, tries = have, tries + 1
         try:
-            with _open(expected.url, job.get("headers", {}), have, read_timeout) as response:
+            with _open(url, headers, have, read_timeout) as response:
                 if have and response.status != 206:  # the server ignored the range: start over
                     hasher, have = _new_hasher(expected), 0
                 try:
@@ -325,7 +349,7 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
                 with out:
                     while chunk := response.read1(NET_CHUNK):  # what has arrived: a kill loses little
                         if have + len(chunk) > expected.size:
-                            raise FetchError(f"the hub sent more than the {expected.size} bytes it lists")
+                            raise FetchError(f"{source.who} sent more than the {expected.size} bytes the hub lists")
                         view = memoryview(chunk)
                         while view:  # unbuffered: the file always holds exactly the `have` bytes hashed
                             try:
@@ -334,7 +358,7 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
                                 raise DiskError(_disk_problem(err, partial, have, expected.size)) from err
                             hasher.update(view[:n])
                             have += n
-                            progress.add(n, expected.path)
+                            progress.add(n, expected.path, source.name)
                             view = view[n:]
         except DiskError as err:
             return FileCheck(expected.path, False, str(err))
@@ -350,7 +374,7 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
                 return FileCheck(
                     expected.path,
                     False,
-                    f"download failed after {tries} attempt(s), {where}: {_describe(err, read_timeout)}",
+                    f"download failed after {tries} attempt(s), {where}: {_describe(err, read_timeout, source.who)}",
                 )
             attempt += 1
             time.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))  # back off before resuming
@@ -362,7 +386,8 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
     problem = _mismatch(expected, hasher.hexdigest())
     if problem:
         partial.unlink()
-        return FileCheck(expected.path, False, f"downloaded file: {problem}")
+        origin = "" if source is HUB else f" (from {source.who})"
+        return FileCheck(expected.path, False, f"downloaded file: {problem}{origin}")
     target = root / expected.path
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -383,38 +408,55 @@ def prune_partials(root: Path) -> None:
             folder.rmdir()
 
 
-def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[FileCheck], Manifest]:
-    """Fetch the files the job names (replacing bad ones), recording each in the manifest as it lands."""
-    root.mkdir(parents=True, exist_ok=True)
-    previous = load_manifest(root)
-    manifest = Manifest(listing.repo, previous.commit if previous else "", dict(previous.files) if previous else {})
-    names = set(job["fetch"])
-    wanted = [f for f in listing.files if f.path in names]
-    for expected in wanted:
-        manifest.files.pop(expected.path, None)
-        target = root / expected.path
-        if target.exists():
-            target.unlink()  # a bad or stale copy; the manifest no longer vouches for it
-    progress = Progress("fetch", sum(f.size for f in wanted))
-    lock = threading.Lock()
+class Landing:
+    """The manifest of a fetch in progress: bad copies removed first, each file recorded as it lands."""
 
-    def one(expected: Any) -> FileCheck:
-        check = fetch_file(root, expected, job, progress)
+    def __init__(self, root: Path, listing: Any, names: Any) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.listing = root, listing
+        previous = load_manifest(root)
+        self.manifest = Manifest(
+            listing.repo, previous.commit if previous else "", dict(previous.files) if previous else {}
+        )
+        names = set(names)
+        self.wanted = [f for f in listing.files if f.path in names]
+        for expected in self.wanted:
+            self.manifest.files.pop(expected.path, None)
+            target = root / expected.path
+            if target.exists():
+                target.unlink()  # a bad or stale copy; the manifest no longer vouches for it
+        self._lock = threading.Lock()
+
+    def landed(self, expected: Any, check: FileCheck) -> FileCheck:
         if check.ok:
-            with lock:
-                manifest.files[expected.path] = _entry(root, expected)
-                try_write_manifest(root, manifest)  # the last write below says whether it could be written
+            with self._lock:
+                self.manifest.files[expected.path] = _entry(self.root, expected)
+                try_write_manifest(self.root, self.manifest)  # the last write (finish) says whether it could
         return check
 
+    def finish(self, checks: list[FileCheck]) -> tuple[list[FileCheck], Manifest]:
+        prune_partials(self.root)
+        if all(f.path in self.manifest.files for f in self.listing.files):
+            self.manifest.commit = self.listing.commit
+        problem = try_write_manifest(self.root, self.manifest)
+        if problem and all(c.ok for c in checks):  # else the files that failed (on that full disk) are the news
+            raise OSError(problem)
+        return checks, self.manifest
+
+
+def fetch_files(root: Path, listing: Any, job: dict[str, Any]) -> tuple[list[FileCheck], Manifest, dict[str, Any]]:
+    """Fetch the files the job names (replacing bad ones) from the hub, recording each in the manifest as it lands.
+
+    Also returns what the result says of the fetch beyond checks and manifest: the bytes received, by source."""
+    landing = Landing(root, listing, job["fetch"])
+    progress = Progress("fetch", sum(f.size for f in landing.wanted))
+
+    def one(expected: Any) -> FileCheck:
+        return landing.landed(expected, fetch_file(root, expected, job, progress))
+
     with ThreadPoolExecutor(max_workers=max(1, int(job.get("threads", 2)))) as pool:
-        checks = list(pool.map(one, wanted))
-    prune_partials(root)
-    if all(f.path in manifest.files for f in listing.files):
-        manifest.commit = listing.commit
-    problem = try_write_manifest(root, manifest)
-    if problem and all(c.ok for c in checks):  # else the files that failed (on that full disk) are the news
-        raise OSError(problem)
-    return checks, manifest
+        checks = list(pool.map(one, landing.wanted))
+    return (*landing.finish(checks), {"received": dict(progress.sources)})
 
 
 # ---- the job ---------------------------------------------------------------------------------
@@ -487,7 +529,11 @@ def _documents(root: Path, names: list[str], limit: int = 1024 * 1024) -> dict[s
     return out
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
+Fetcher = Callable[[Path, JobListing, dict[str, Any]], tuple[list[FileCheck], Manifest, dict[str, Any]]]
+
+
+def run_job(job: dict[str, Any], exchange: Fetcher | None = None) -> dict[str, Any]:
+    """`exchange`: the peer exchange's fetch (node_exchange), which the loader passes in when it sends that too."""
     root = Path(job["root"])
     listing = JobListing(job["repo"], job["commit"], tuple(Expected(**f) for f in job["files"]))
     result: dict[str, Any] = {"op": job["op"]}
@@ -500,7 +546,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             try_write_manifest(root, manifest)  # a cache: a full disk must not hide what was verified
         result |= {"hashed": hashed, "previous_commit": previous.commit if previous else None}
     elif job["op"] == "fetch":
-        checks, manifest = fetch_files(root, listing, job)
+        checks, manifest, extra = fetch_files(root, listing, job)
+        result |= extra
+    elif job["op"] == "exchange" and exchange is not None:
+        checks, manifest, extra = exchange(root, listing, job)
+        result |= extra
     elif job["op"] != "stat":
         raise ValueError(f"unknown op {job['op']!r}")
     if job["op"] != "stat":
@@ -512,10 +562,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return result | _stat_state(root, listing)
 
 
-def main(raw: bytes) -> int:
+def main(raw: bytes, exchange: Fetcher | None = None) -> int:
     job = json.loads(raw)
     try:
-        result = run_job(job)
+        result = run_job(job, exchange)
     except OSError as err:
         result = {"op": job.get("op"), "error": f"{type(err).__name__}: {err}"}
     print(json.dumps(result), flush=True)

@@ -76,7 +76,22 @@ class CheckpointOutcome:
                 for node, why in differing_nodes(manifests, paths).items()
             ]
         out += [f"{node}: {why}" for node, why in self.unseen.items()]
+        out += [
+            f"{fault['peer']}: served {fault['file']} to {node} with bytes that fail the hub's sha256, though its "
+            "manifest vouches for it (size and mtime unchanged since verified): its copy is bad, run the models "
+            "stage with --full-verify"
+            for node, report in self.fetched.items()
+            for fault in report.peer_faults
+        ]
         return [f"{self.role} {self.path}: {p}" for p in out]
+
+    def received(self, node: str, hub: bool) -> int:
+        got = self.fetched[node].received if node in self.fetched else {}
+        return sum(n for source, n in got.items() if (source == "hub") == hub)
+
+    def events(self) -> list[str]:
+        """What the peer exchange met on each node: a peer gone, bad bytes refused, the hub used instead."""
+        return [f"{node}: {event}" for node, report in self.fetched.items() for event in report.events]
 
     def repaired(self) -> list[dict[str, str]]:
         """Files that were on a node but bad (not missing) and were downloaded again: news about that disk."""
@@ -138,6 +153,8 @@ class CheckpointOutcome:
                 "verified by": "an earlier run (cache hit: sizes and mtimes unchanged)" if self.reused else "this run",
                 "hashed files": 0 if self.reused else len(self.verified[node].hashed),
                 "downloaded files": sum(c.ok for c in self.fetched[node].checks) if node in self.fetched else 0,
+                "from hub bytes": self.received(node, hub=True),
+                "from peers bytes": self.received(node, hub=False),
                 "bad files": len(report.bad),
                 "verify s": None if self.reused or not report.manifest else report.manifest.verify_seconds,
                 "free GB": round(report.free_bytes / 1e9, 1),
@@ -156,6 +173,7 @@ class CheckpointOutcome:
             "nodes": self.node_rows(),
             "changed_revision": self.changed_revision(),
             "repaired": self.repaired(),
+            "exchange_events": self.events(),
             "problems": self.problems(),
         }
 
@@ -178,6 +196,9 @@ class ModelsOutcome:
                 f"{c.listing.total_bytes / 1e9:.2f} GB at `{c.path}`"
             )
             lines += [f"{node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
+            if c.fetched:
+                hub, peers = (sum(c.received(n, hub=h) for n in c.fetched) for h in (True, False))
+                lines.append(f"**{c.role}** received {hub / 1e9:.2f} GB from the hub, {peers / 1e9:.2f} GB from peers")
             if c.reused:
                 lines.append(f"**{c.role}**: verified by an earlier run (a cache hit: every file's size and mtime are "
                              "unchanged since); this run hashed none")  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +18,14 @@ from prefect.logging import get_run_logger
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.models import CheckpointSpec, ModelsConfig
+from k3deploy.errors import K3DeployError
+from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.models.checks import DOCUMENTS, space_problems
+from k3deploy.tasks.models.exchange import exchange_part, new_token, plan_lines, stop_command, stripe_plan
 from k3deploy.tasks.models.listing import Listing, auth_headers, download_urls, list_huggingface, list_modelscope
 from k3deploy.tasks.models.outcome import CheckpointOutcome, space_needs
-from k3deploy.tasks.models.remote import NodeReport, ProgressBoard, job, run_agent
+from k3deploy.tasks.models.remote import NodeReport, ProgressBoard, job, run_agent, run_agent_each
+from k3deploy.tasks.transport.base import Transport, failed_on, on_every_node
 from k3deploy.tasks.transport.factory import open_transports
 
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
@@ -137,6 +142,11 @@ def verify_checkpoint(
         return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)
 
 
+def striped(cluster: ClusterConfig, models: ModelsConfig, wanted: Mapping[str, list[str]]) -> bool:
+    """The exchange pays off, and can work, when several nodes keep their own copy."""
+    return models.distribution == "stripe" and not cluster.model_root_shared and len(wanted) > 1
+
+
 @task(name="fetch checkpoint", cache_policy=NO_CACHE)
 def fetch_checkpoint(
     cluster: ClusterConfig,
@@ -145,23 +155,83 @@ def fetch_checkpoint(
     listing: Listing,
     wanted: dict[str, list[str]],
 ) -> dict[str, NodeReport]:
-    """Download only the missing or bad files, each node its own list, resuming what an earlier run left."""
+    """Download only the missing or bad files, each node its own list, resuming what an earlier run left;
+    striped (one copy through the hub, the rest from peers) unless models.distribution says per-node."""
     urls = download_urls(models.hub, listing, checkpoint.revision, models.hub_endpoint)
     extra: dict[str, Any] = {
+        "threads": models.threads,
+        "urls": urls,
         "headers": auth_headers(models.hub_token),
         "read": DOCUMENTS,
         "read_timeout_s": models.read_timeout_s,
         "retries": models.download_retries,
     }
-    jobs = {
-        node: job("fetch", checkpoint.path, listing, threads=models.threads, urls=urls, fetch=paths, **extra)
-        for node, paths in wanted.items()
-        if paths
-    }
-    board = _progress_reporter(f"downloading {checkpoint.role} {checkpoint.repo}")
     what = f"downloading {checkpoint.role} {checkpoint.repo}"
+    board = _progress_reporter(what)
     with open_transports(cluster) as transports:
-        return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)
+        taken = (
+            _exchange_port_taken(transports, list(wanted), models.exchange_port)
+            if striped(cluster, models, wanted)
+            else None
+        )
+        if taken is None or taken:
+            if taken:
+                get_run_logger().warning(
+                    "%s: each node downloads for itself: the peer exchange's port (models.exchange_port) is taken "
+                    "on %s",
+                    what,
+                    "; ".join(f"{node} ({line})" for node, line in taken.items()),
+                )
+            jobs = {node: job("fetch", checkpoint.path, listing, fetch=p, **extra) for node, p in wanted.items() if p}
+            return run_agent(transports, models.node_python, jobs, models.timeout_s, what, board.on_output)
+        plan = stripe_plan(listing, wanted)
+        token = new_token()
+        addresses = {n.name: n.serving_ip for n in cluster.nodes if n.name in plan}
+        parts = {node: part for node, part in plan.items() if part.fetches or part.serve_to}
+        jobs = {
+            node: job(
+                "exchange",
+                checkpoint.path,
+                listing,
+                exchange=exchange_part(node, part, addresses, models.exchange_port, token),
+                **extra,
+            )
+            for node, part in parts.items()
+        }
+        get_run_logger().info("%s: %s", what, "; ".join(plan_lines(listing, plan)))
+        try:
+            reports, errors = run_agent_each(transports, models.node_python, jobs, models.timeout_s, board.on_output)
+        finally:  # however the stage ends, nothing of the exchange is left serving
+            _stop_exchange({n: transports[n] for n in jobs}, checkpoint.path)
+    if errors:  # what the nodes that finished met (a peer gone, bad bytes) is part of the news
+        met = [f"\n  what {node} met: {event}" for node, report in reports.items() for event in report.events]
+        raise K3DeployError(str(failed_on(what, errors)) + "".join(met))
+    return {node: report for node, report in reports.items() if plan[node].fetches}
+
+
+def _exchange_port_taken(transports: Mapping[str, Transport], nodes: list[str], port: int) -> dict[str, str]:
+    """Nodes where something already listens on the exchange port: its `ss` line. The exchange would not start
+    there, and its peers would send the run's token to whatever does listen."""
+    command = shlex.join(nf.listening_cmd())
+
+    def one(node: str, transport: Transport) -> dict[int, str]:
+        return nf.listening(transport.run(command, 30).check().stdout)
+
+    listening = on_every_node({n: transports[n] for n in nodes}, one, "looking at the peer exchange's port")
+    return {node: ports[port] for node, ports in listening.items() if port in ports}
+
+
+def _stop_exchange(transports: Mapping[str, Transport], root: str) -> None:
+    """Kill any exchange agent still running (after a failure, a timeout); a node that cannot be told is named."""
+    stop = stop_command(root)
+
+    def one(node: str, transport: Transport) -> None:
+        transport.run(stop, 30).check()
+
+    try:
+        on_every_node(transports, one, "stopping the peer exchange")
+    except K3DeployError as err:
+        get_run_logger().warning("%s: its server may still run until the node's timeout kills it", err)
 
 
 @task(name="disk space shortfalls", cache_policy=NO_CACHE)

@@ -315,16 +315,26 @@ def run_all(
         return {name: future.result() for name, future in futures.items()}
 
 
-def on_every_node(clients: Mapping[str, C], fn: Callable[[str, C], T], what: str) -> dict[str, T]:
-    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
+def on_each_node(clients: Mapping[str, C], fn: Callable[[str, C], T]) -> tuple[dict[str, T], dict[str, str]]:
+    """Run `fn(node, client)` on all nodes at once: the nodes' results, and the errors of those that failed."""
     with ThreadPoolExecutor(max_workers=max(1, len(clients))) as pool:
         futures = {node: pool.submit(fn, node, client) for node, client in clients.items()}
-    results, errors = {}, []
+    results, errors = {}, {}
     for node, future in futures.items():
         try:
             results[node] = future.result()
         except K3DeployError as err:
-            errors.append(str(err))
+            errors[node] = str(err)
+    return results, errors
+
+
+def failed_on(what: str, errors: Mapping[str, str]) -> K3DeployError:
+    return K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors.values()))
+
+
+def on_every_node(clients: Mapping[str, C], fn: Callable[[str, C], T], what: str) -> dict[str, T]:
+    """Run `fn(node, client)` on all nodes at once; every node's failure is reported, none hidden."""
+    results, errors = on_each_node(clients, fn)
     if errors:
-        raise K3DeployError(f"{what} failed on {len(errors)} node(s):\n  " + "\n  ".join(errors))
+        raise failed_on(what, errors)
     return results

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
-import shlex
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
+from functools import partial
 
 import pytest
 
 from k3deploy.errors import K3DeployError, ModelsStageFailed
 from k3deploy.flows.models import models
 from k3deploy.localhub import HubServer, publish
-from k3deploy.stage import StageResult, failure_lines
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.checkpoints import SHARD, checkpoint_files
+from tests.modelsbed import file_gets, node_sha256, poll, sh
+from tests.modelsbed import run_models as run_models_striped
 from tests.prefect_runs import task_states
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
+# These tests are of each node downloading for itself (models.distribution per-node, and the hub half of a
+# striped download); test_models_exchange_bed.py tests the striped download with its peer exchange.
+run_models = partial(run_models_striped, models__distribution="per-node")
 TEST_CHECKPOINTS = (
     "fresh",
     "corrupt",
@@ -60,45 +60,6 @@ def nodes(testbed) -> Iterator[dict[str, SSHTransport]]:
     for t in ts.values():
         sh(t, f"rm -rf {' '.join(f'/srv/models/{name}' for name in TEST_CHECKPOINTS)}")
         t.close()
-
-
-def sh(transport: SSHTransport, command: str) -> str:
-    return transport.run(command, 30).check().stdout
-
-
-def as_record(result: StageResult) -> dict[str, Any]:
-    """The stage data with its verdict and failure lines, as the tests read them."""
-    return result.data | {"verdict": result.verdict.value, "problems": failure_lines(result.findings)}
-
-
-def run_models(tmp_path: Path, bed, hub: HubServer, repo: str, hosts: int = 4, **changes: Any) -> dict[str, Any]:
-    download = changes.pop("download", True)
-    full_verify = changes.pop("full_verify", False)
-    data = bed_config(
-        bed,
-        hosts,
-        models__hub="huggingface",
-        models__hub_endpoint=hub.url,
-        models__target={"repo": repo, **changes.pop("target", {})},
-        **changes,
-    )
-    config = write_config(tmp_path / f"deploy-{random.randrange(10**9)}.yaml", data)
-    result = models(config=config, download=download, full_verify=full_verify)
-    return as_record(result)
-
-
-def file_gets(hub: HubServer, repo: str) -> list[tuple[str, str | None]]:
-    """Downloads of file contents the hub served for `repo`: (file, Range header)."""
-    out = []
-    for r in hub.requests:
-        prefix = f"/{repo}/resolve/"
-        if r.method == "GET" and r.path.startswith(prefix):
-            out.append((r.path[len(prefix) :].split("/", 1)[1], r.range))
-    return out
-
-
-def node_sha256(transport: SSHTransport, path: str) -> str:
-    return sh(transport, f"sha256sum {shlex.quote(path)}").split()[0]
 
 
 def test_fresh_download_verifies_on_every_node_and_a_rerun_skips_verified_work(
@@ -270,15 +231,6 @@ def test_a_deleted_manifest_means_hashing_not_a_cache_hit(prefect_server, testbe
     record = run_models(tmp_path, testbed, hub, repo)
     hashed = {r["node"]: r["hashed files"] for r in record["checkpoints"][0]["nodes"]}
     assert hashed["node3"] > 0 and hashed["node0"] == 0  # node3 had nothing to vouch for its files
-
-
-def poll(what: str, condition: Callable[[], bool], deadline_s: float = 60.0, every_s: float = 0.2) -> None:
-    """Wait for `condition()` to hold, failing with `what` when it does not within the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {deadline_s:g} s: {what}")
-        time.sleep(every_s)
 
 
 @pytest.mark.faults

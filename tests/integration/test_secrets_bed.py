@@ -1,8 +1,9 @@
 """No secret is written anywhere a run writes: a real `validate` on the test bed with known secrets.
 
 The SSH private key, the hub token and the registry password come from the environment, as users give
-them; the run uses each (SSH to every node with the key, the token on every hub request, the password in
-every pull's registry auth). Then everything the run wrote is searched for them: every file in the runs
+them, and the models stage makes a one-time token for its peer exchange; the run uses each (SSH to every
+node with the key, the token on every hub request, the password in every pull's registry auth, the
+exchange token on every peer transfer). Then everything the run wrote is searched for them: every file in the runs
 store (records, logs, reports, bench output), Prefect's result storage (persisted results and cache
 records), and from the Prefect API the flow runs' parameters and state messages, every log line, every
 artifact and every variable.
@@ -23,6 +24,7 @@ from prefect.client.schemas.filters import LogFilter
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
 from k3deploy.paths import runs_dir
+from k3deploy.tasks.models import steps
 from tests.bedconfig import write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import launch_data
@@ -55,6 +57,9 @@ def key_lines(path: Path) -> list[str]:
 
 def test_a_validate_run_writes_no_secret_anywhere(prefect_server, testbed, bed_nodes, tmp_path, monkeypatch):
     token, password = f"hf_{uuid4().hex}", f"registry-{uuid4().hex}"
+    exchange_tokens: list[str] = []  # the models stage's peer-exchange token, made by the real generator, watched
+    make_token = steps.new_token
+    monkeypatch.setattr(steps, "new_token", lambda: exchange_tokens.append(make_token()) or exchange_tokens[-1])
     secrets = [token, password, *key_lines(Path(testbed.key))]
     monkeypatch.setenv("K3DEPLOY_SSH_PRIVATE_KEY", Path(testbed.key).read_text())
     monkeypatch.setenv("K3DEPLOY_HUB_TOKEN", token)
@@ -72,6 +77,8 @@ def test_a_validate_run_writes_no_secret_anywhere(prefect_server, testbed, bed_n
         state = validate(config=config, only=["preflight", "models", "image", "launch", "smoke"], return_state=True)
         assert state.is_completed(), state.message
         assert any(r.authorized for r in hub.requests)  # the token was used
+    assert len(exchange_tokens) == 1  # the checkpoint was striped over the nodes, with a token of the run's
+    secrets.append(exchange_tokens[0])
     run_id = state.state_details.flow_run_id
     for transport_cleanup in bed_nodes["transports"].values():
         transport_cleanup.run(f"rm -rf /srv/models/{REPO.split('/')[1]}", 60)

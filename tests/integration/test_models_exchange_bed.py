@@ -1,0 +1,270 @@
+"""The striped download on the test bed: one copy through the hub, the rest from peers over the bed's network.
+
+Real sshd hosts, the local hub, a real Prefect server. Faults are real: a peer's agent killed with SIGKILL
+while it sends, a peer's disk holding a flipped byte it vouches for, the nodes' timeout killing every agent.
+A peer is made slow to send, so a kill lands mid-transfer, with `tc` on its own interface (its egress only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from k3deploy.errors import K3DeployError, ModelsStageFailed
+from k3deploy.localhub import HubServer, publish
+from k3deploy.tasks.models import steps
+from k3deploy.tasks.models.exchange import stripe_plan
+from k3deploy.tasks.models.listing import Listing, RemoteFile
+from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
+from k3deploy.tasks.models.node_exchange import PIDFILE
+from k3deploy.tasks.transport import SSHTransport
+from tests.bedconfig import bed_transports
+from tests.checkpoints import SHARD, checkpoint_files
+from tests.modelsbed import file_gets, node_sha256, poll, run_models, sh
+
+pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
+TEST_CHECKPOINTS = ("xstripe", "xkilled", "xcorrupt", "xresume")
+PORT = 18090  # models.exchange_port's default
+
+
+@pytest.fixture(scope="module")
+def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
+    with HubServer(tmp_path_factory.mktemp("hub"), host=testbed.state.bridge["ip"]) as server:
+        yield server
+
+
+@pytest.fixture
+def nodes(testbed) -> Iterator[dict[str, SSHTransport]]:
+    """SSH to the four hosts; this module's checkpoints and any shaping of a host's interface gone after."""
+    ts = bed_transports(testbed)
+    clean = f"rm -rf {' '.join(f'/srv/models/{name}' for name in TEST_CHECKPOINTS)}"
+    for t in ts.values():
+        sh(t, clean)
+    yield ts
+    for t in ts.values():
+        sh(t, f"{clean}; tc qdisc del dev eth0 root 2>/dev/null; true")
+        t.close()
+
+
+@pytest.fixture
+def tokens(monkeypatch) -> list[str]:
+    """The exchange tokens the runs made (the real generator, watched)."""
+    made: list[str] = []
+    real = steps.new_token
+
+    def watched() -> str:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(steps, "new_token", watched)
+    return made
+
+
+def listening(transport: SSHTransport) -> str:
+    """Whatever listens on the exchange port on this node (empty: nothing)."""
+    return sh(transport, f"ss -ltnH 'sport = :{PORT}'").strip()
+
+
+def nothing_of_the_exchange_left(nodes: dict[str, SSHTransport], root: str) -> None:
+    for name, t in nodes.items():
+        assert listening(t) == "", f"{name} still listens on {PORT}"
+        assert sh(t, f"test -e {root}/{PIDFILE} && echo left || echo gone").strip() == "gone", name
+        assert sh(t, "pgrep -f '[k]3deploy_node_agent' || true").strip() == "", f"an agent still runs on {name}"
+
+
+def holder_of_largest(files: dict[str, bytes], nodes: list[str]) -> str:
+    """The node whose stripe holds the largest file, by the plan the stage makes (unit-tested apart)."""
+    listing = Listing("x/y", "c" * 40, tuple(RemoteFile(p, len(b), None, None) for p, b in files.items()))
+    plan = stripe_plan(listing, dict.fromkeys(nodes, tuple(files)))
+    return next(n for n, part in plan.items() if max(files, key=lambda p: len(files[p])) in part.download)
+
+
+def hub_bytes(record: dict, node: str) -> tuple[int, int]:
+    row = next(r for r in record["checkpoints"][0]["nodes"] if r["node"] == node)
+    return row["from hub bytes"], row["from peers bytes"]
+
+
+def test_each_file_crosses_the_uplink_once_and_every_node_ends_verified_with_nothing_left_serving(
+    prefect_server, testbed, hub, nodes, tmp_path, tokens
+):
+    repo, root = "k3test/xstripe", "/srv/models/xstripe"
+    files = checkpoint_files(11)
+    commit = publish(hub.root, repo, files)
+    hub.clear_requests()
+
+    record = run_models(tmp_path, testbed, hub, repo)
+
+    assert record["verdict"] == "pass", record["problems"]
+    assert sorted(file_gets(hub, repo)) == sorted((name, None) for name in files)  # each file once, whole
+    total = sum(map(len, files.values()))
+    split = {n: hub_bytes(record, n) for n in nodes}
+    assert sum(h for h, _ in split.values()) == total  # one copy through the uplink ...
+    assert all(h + p == total for h, p in split.values())  # ... and every node received all of it once
+    assert all(p > 0 for _, p in split.values())
+    for name, t in nodes.items():
+        assert node_sha256(t, f"{root}/{SHARD}") == hashlib.sha256(files[SHARD]).hexdigest(), name
+        manifest = json.loads(sh(t, f"cat {root}/{MANIFEST_NAME}"))
+        assert manifest["commit"] == commit and set(manifest["files"]) == set(files)
+    nothing_of_the_exchange_left(nodes, root)
+    (token,) = tokens
+    for name, t in nodes.items():  # the token is nowhere on the nodes either
+        assert sh(t, f"grep -rl -- {token} {root} /tmp 2>/dev/null || true").strip() == "", name
+    assert token not in json.dumps(record)
+
+
+@pytest.mark.faults
+def test_a_peer_killed_mid_transfer_is_named_and_its_file_comes_from_the_hub_where_it_stopped(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    repo, root = "k3test/xkilled", "/srv/models/xkilled"
+    files = checkpoint_files(12)
+    publish(hub.root, repo, files)
+    holder = holder_of_largest(files, list(nodes))
+    receivers = [n for n in nodes if n != holder]
+    # The holder sends at 4 Mbit/s (its own egress): three peers take seconds over the shard, so a kill lands mid-file.
+    sh(nodes[holder], "tc qdisc add dev eth0 root tbf rate 4mbit burst 32kb latency 400ms")
+    partial = f"{root}/{PARTIAL_DIR}/{SHARD}.part"
+
+    def receiving() -> bool:
+        sizes = [sh(nodes[n], f"stat -c %s {partial} 2>/dev/null || echo 0").strip() for n in receivers]
+        return all(0 < int(s) < len(files[SHARD]) for s in sizes)
+
+    def kill_when_receiving() -> dict[str, int]:
+        poll(f"every other node is receiving {SHARD} from {holder}", receiving, deadline_s=120)
+        sh(nodes[holder], f"kill -9 $(cat {root}/{PIDFILE})")
+        return {n: int(sh(nodes[n], f"stat -c %s {partial}")) for n in receivers}
+
+    hub.clear_requests()
+    with ThreadPoolExecutor(1) as pool:
+        killer = pool.submit(kill_when_receiving)
+        with pytest.raises(K3DeployError) as failed:
+            run_models(tmp_path, testbed, hub, repo)
+        at_kill = killer.result()
+    message = str(failed.value)
+    assert f"failed on 1 node(s):\n  {holder}:" in message  # the killed node is the one that failed
+    for n in receivers:  # each receiver named the peer that went away and resumed from the hub
+        assert f"what {n} met: {SHARD}: {holder} went away mid-file" in message, message
+        assert f"what {n} met: {SHARD}: from the hub, no peer could give it" in message
+    resumed = sorted((r or "" for f, r in file_gets(hub, repo) if f == SHARD))
+    assert resumed[0] == "" and len(resumed) == 1 + len(receivers)  # the holder's own download, then ...
+    starts = sorted(int(r.removeprefix("bytes=").rstrip("-")) for r in resumed[1:])
+    assert all(s >= min(at_kill.values()) and s > 0 for s in starts)  # ... each receiver's rest, from its partial
+    for n in receivers:
+        assert node_sha256(nodes[n], f"{root}/{SHARD}") == hashlib.sha256(files[SHARD]).hexdigest(), n
+    nothing_of_the_exchange_left(nodes, root)
+
+
+@pytest.mark.faults
+def test_a_peer_serving_bad_bytes_is_refused_and_named_and_the_file_fetched_again(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """node0's shard has a flipped byte with size and mtime kept, so its manifest still vouches for it: the quick
+    check passes node0 and it serves the shard to the three nodes that lack it. They refuse every such byte."""
+    repo, root = "k3test/xcorrupt", "/srv/models/xcorrupt"
+    files = checkpoint_files(13)
+    publish(hub.root, repo, files)
+    assert run_models(tmp_path, testbed, hub, repo, hosts=1)["verdict"] == "pass"  # node0 alone holds it
+    victim, want = f"{root}/{SHARD}", hashlib.sha256(files[SHARD]).hexdigest()
+    flip = f"cp -p {victim} /tmp/ref && printf 'X' | dd of={victim} bs=1 seek=1000 conv=notrunc status=none"
+    sh(nodes["node0"], f"{flip} && touch -r /tmp/ref {victim} && rm /tmp/ref")
+
+    hub.clear_requests()
+    with pytest.raises(ModelsStageFailed) as failed:
+        run_models(tmp_path, testbed, hub, repo)
+    message = str(failed.value)
+    assert (
+        f"node0: served {SHARD} to node1 with bytes that fail the hub's sha256, though its manifest vouches for it"
+    ) in message
+    assert "run the models stage with --full-verify" in message
+    assert sorted(file_gets(hub, repo)) == [(SHARD, None)] * 3  # each receiver fetched it again from the hub
+    record = failed.value.result.data
+    events = " ".join(record["checkpoints"][0]["exchange_events"])
+    for n in ("node1", "node2", "node3"):
+        assert f"{n}: {SHARD}: refused the bytes node0 served" in events
+        assert node_sha256(nodes[n], victim) == want
+    nothing_of_the_exchange_left(nodes, root)
+
+    hub.clear_requests()  # the full verify finds node0's copy bad; it comes from a peer, not the hub
+    repaired = run_models(tmp_path, testbed, hub, repo, full_verify=True)
+    assert repaired["verdict"] == "pass", repaired["problems"]
+    assert file_gets(hub, repo) == []
+    assert hub_bytes(repaired, "node0") == (0, len(files[SHARD]))
+    assert node_sha256(nodes["node0"], victim) == want
+
+
+@pytest.mark.faults
+def test_an_interrupted_striped_download_resumes_without_fetching_a_byte_twice(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """The shard's hub transfer stalls at 1 MiB until every node holds every other file; then every node's agent
+    is killed (SIGKILL, as a crash would): the rerun fetches only what is missing, from where it stopped."""
+    repo, root, at = "k3test/xresume", "/srv/models/xresume", 1 << 20
+    files = checkpoint_files(14)
+    publish(hub.root, repo, files)
+    holder = holder_of_largest(files, list(nodes))
+    others = set(files) - {SHARD}
+    partial = f"{root}/{PARTIAL_DIR}/{SHARD}.part"
+
+    def stalled_with_the_rest_everywhere() -> bool:
+        if sh(nodes[holder], f"stat -c %s {partial} 2>/dev/null || echo 0").strip() != str(at):
+            return False
+        manifests = [sh(t, f"cat {root}/{MANIFEST_NAME} 2>/dev/null || echo '{{}}'") for t in nodes.values()]
+        return all(set(json.loads(m).get("files", {})) == others for m in manifests)
+
+    def interrupt() -> None:
+        try:
+            poll("the shard stalled at 1 MiB and every other file on every node", stalled_with_the_rest_everywhere)
+            for t in nodes.values():
+                sh(t, f"kill -9 $(cat {root}/{PIDFILE})")
+        finally:
+            hub.faults.clear()
+
+    hub.faults.stall(repo, SHARD, at=at, times=None)
+    with ThreadPoolExecutor(1) as pool:
+        interrupted = pool.submit(interrupt)
+        with pytest.raises(K3DeployError, match="failed on 4 node"):
+            run_models(tmp_path, testbed, hub, repo)
+        interrupted.result()
+    nothing_of_the_exchange_left(nodes, root)  # in a failure too
+    assert int(sh(nodes[holder], f"stat -c %s {partial}")) == at
+
+    hub.clear_requests()
+    record = run_models(tmp_path, testbed, hub, repo)
+    assert record["verdict"] == "pass", record["problems"]
+    assert file_gets(hub, repo) == [(SHARD, f"bytes={at}-")]  # only the rest of the one unfinished file
+    split = {n: hub_bytes(record, n) for n in nodes}
+    assert split.pop(holder) == (len(files[SHARD]) - at, 0)  # received this run: exactly what was missing
+    assert split == dict.fromkeys(set(nodes) - {holder}, (0, len(files[SHARD])))
+    for name, t in nodes.items():
+        assert node_sha256(t, f"{root}/{SHARD}") == hashlib.sha256(files[SHARD]).hexdigest(), name
+    nothing_of_the_exchange_left(nodes, root)
+
+
+def test_a_node_whose_exchange_port_is_taken_makes_every_node_download_for_itself(
+    prefect_server, testbed, hub, nodes, tmp_path, tokens
+):
+    """Something else listens on node2's exchange port: no peer is sent the run's token there; per-node instead."""
+    repo = "k3test/xstripe"
+    files = checkpoint_files(15)
+    publish(hub.root, repo, files)
+    listen = (  # SO_REUSEADDR: the earlier tests' exchange connections may still be in TIME_WAIT
+        "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('0.0.0.0', {PORT})); s.listen(); time.sleep(600)"
+    )
+    squatter = f"python3 -c {shlex.quote(listen)}"
+    sh(nodes["node2"], f"nohup {squatter} >/dev/null 2>&1 & echo $! > /tmp/squatter.pid")
+    try:
+        poll("node2's port taken", lambda: listening(nodes["node2"]) != "")
+        hub.clear_requests()
+        record = run_models(tmp_path, testbed, hub, repo)
+    finally:
+        sh(nodes["node2"], "kill $(cat /tmp/squatter.pid); rm -f /tmp/squatter.pid")
+    assert record["verdict"] == "pass", record["problems"]
+    assert tokens == []  # no exchange, so no token made or sent
+    assert sorted(file_gets(hub, repo)) == sorted((name, None) for name in files for _ in nodes)
+    assert {hub_bytes(record, n) for n in nodes} == {(sum(map(len, files.values())), 0)}

@@ -1,0 +1,94 @@
+"""The striped download's plan (pure): one hub copy of each missing file, the rest from peers, who serves whom."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from k3deploy.tasks.models.exchange import exchange_part, plan_lines, stop_command, stripe_plan
+from k3deploy.tasks.models.listing import Listing, RemoteFile
+from k3deploy.tasks.models.remote import job
+
+pytestmark = pytest.mark.models
+
+SIZES = {"a.safetensors": 400, "b.safetensors": 300, "c.safetensors": 200, "d.safetensors": 100, "config.json": 5}
+LISTING = Listing("org/m", "c" * 40, tuple(RemoteFile(p, n, "a" * 64, None) for p, n in SIZES.items()))
+NODES = ("node0", "node1", "node2", "node3")
+
+
+def test_every_missing_file_comes_from_the_hub_once_in_stripes_of_about_equal_bytes():
+    plan = stripe_plan(LISTING, dict.fromkeys(NODES, tuple(SIZES)))
+    downloads = [p for part in plan.values() for p in part.download]
+    assert sorted(downloads) == sorted(SIZES)  # each file through the uplink once
+    hub_bytes = {n: sum(SIZES[p] for p in part.download) for n, part in plan.items()}
+    assert hub_bytes == {"node0": 400, "node1": 300, "node2": 200, "node3": 105}  # largest first, least loaded
+    for node, part in plan.items():  # everything else from the one node that downloads it
+        assert set(part.download) | set(part.from_peers or {}) == set(SIZES)
+        for path, holders in (part.from_peers or {}).items():
+            assert len(holders) == 1 and path in plan[holders[0]].download
+        assert part.serve == () and set(part.serve_to) == set(NODES) - {node}
+
+
+def test_a_node_that_holds_a_file_serves_it_and_no_one_downloads_it_from_the_hub():
+    both = ["a.safetensors", "d.safetensors"]
+    wanted = {"node0": ["d.safetensors"], "node1": both, "node2": both}
+    plan = stripe_plan(LISTING, wanted)
+    assert [(n, p) for n, part in plan.items() for p in part.download] == [("node0", "d.safetensors")]  # no holder
+    assert plan["node1"].from_peers == {"a.safetensors": ("node0",), "d.safetensors": ("node0",)}
+    assert plan["node2"].from_peers == plan["node1"].from_peers  # node1 lacks them too: not a holder
+    assert plan["node0"].serve == tuple(p for p in SIZES if p != "d.safetensors")
+    assert plan["node0"].serve_to == ("node1", "node2") and plan["node1"].serve_to == ()
+    assert plan["node2"].serve == tuple(p for p in SIZES if p not in both)
+    assert plan["node0"].fetches and plan["node2"].fetches
+    assert not stripe_plan(LISTING, {"node0": [], "node1": ["a.safetensors"]})["node0"].fetches
+
+
+def test_several_holders_are_tried_in_node_order_and_held_files_come_before_those_still_downloading():
+    wanted = {"node0": [], "node1": [], "node2": list(SIZES), "node3": ["a.safetensors", "b.safetensors"]}
+    plan = stripe_plan(LISTING, wanted)
+    held_by_three = {p: ("node0", "node1", "node3") for p in SIZES if p not in ("a.safetensors", "b.safetensors")}
+    assert plan["node2"].from_peers == {"a.safetensors": ("node0", "node1"), "b.safetensors": ("node0", "node1")} | (
+        held_by_three
+    )
+    assert plan["node3"].download == () and plan["node3"].from_peers == {
+        "a.safetensors": ("node0", "node1"),
+        "b.safetensors": ("node0", "node1"),
+    }
+    fresh = stripe_plan(LISTING, {"node0": ["a.safetensors", "d.safetensors"], "node1": list(SIZES)})
+    # node1 first fetches what node0 holds already, then node0's downloads in the order node0 makes them.
+    assert list(fresh["node1"].from_peers or {}) == ["b.safetensors", "c.safetensors", "config.json", "a.safetensors"]
+    assert fresh["node0"].download == ("a.safetensors",) and fresh["node1"].download == ("d.safetensors",)
+
+
+def test_the_exchange_part_listens_on_the_node_address_and_names_its_peers_by_their_own():
+    plan = stripe_plan(LISTING, dict.fromkeys(NODES[:2], tuple(SIZES)))
+    addresses = {"node0": "10.0.0.1", "node1": "fd00::2"}
+    part = exchange_part("node0", plan["node0"], addresses, 18090, "tok")
+    assert part["listen"] == ["10.0.0.1", 18090]
+    assert part["peers"] == {"node1": "http://[fd00::2]:18090"}
+    assert part["token"] == "tok" and part["download"] == list(plan["node0"].download)
+    body = json.loads(job("exchange", "/srv/m", LISTING, urls=dict.fromkeys(SIZES, "http://hub/x"), exchange=part))
+    assert sorted(body["fetch"]) == sorted(SIZES)  # its stripe and what it takes from peers
+    assert body["exchange"]["token"] == "tok"  # on stdin, in the job; never in the command
+
+
+def test_the_exchange_op_and_its_part_go_together():
+    with pytest.raises(ValueError, match="exchange op"):
+        job("exchange", "/srv/m", LISTING)
+    with pytest.raises(ValueError, match="exchange op"):
+        job("fetch", "/srv/m", LISTING, exchange={"download": [], "from_peers": {}})
+
+
+def test_the_stop_command_quotes_the_root_and_kills_only_the_agent():
+    command = stop_command("/srv/models/it's here/")
+    assert "'/srv/models/it'\"'\"'s here/.k3deploy-exchange.pid'" in command
+    assert command.count("'/srv/models/it'\"'\"'s here/.k3deploy-exchange.pid'") == 2  # read, then removed
+    assert 'grep -q k3deploy_node_agent "/proc/$p/cmdline"' in command  # a reused pid is not killed
+
+
+def test_plan_lines_say_what_each_node_takes_from_where():
+    plan = stripe_plan(LISTING, dict.fromkeys(NODES[:2], tuple(SIZES)))
+    lines = plan_lines(LISTING, plan)
+    assert lines[0].startswith("node0 ") and "from the hub" in lines[0] and "from peers" in lines[0]
+    assert len(lines) == 2
