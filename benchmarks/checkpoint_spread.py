@@ -11,7 +11,8 @@ turn, each from empty model roots, `--repeat` times.
 - per-connection: no shaping; the hub sends each response at `--connection-mbps` at most (a hub or CDN that
   limits every connection); the ratio is per-node's time over stripe's.
 
-    python3 -m benchmarks.checkpoint_spread [--files 16 --file-mib 64 --uplink-mbit 400 --repeat 2]
+    python3 -m benchmarks.checkpoint_spread [--files 16 --file-mib 64 --uplink-mbit 400 --connection-mbps 2.5]
+                                            [--repeat 2] [--threads 4]
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def checkpoint(files: int, file_mib: int) -> dict[str, bytes]:
     return {k: v for k, v in small.items() if not k.startswith("model-")} | shards
 
 
-def one_run(bed: Testbed, hub: HubServer, folder: Path, nodes: dict[str, SSHTransport], distribution: str) -> dict:
+def one_run(
+    bed: Testbed, hub: HubServer, folder: Path, nodes: dict[str, SSHTransport], distribution: str, threads: int
+) -> dict:
     from k3deploy.flows.models import models
 
     for t in nodes.values():
@@ -74,6 +77,7 @@ def one_run(bed: Testbed, hub: HubServer, folder: Path, nodes: dict[str, SSHTran
         models__target={"repo": REPO},
         models__distribution=distribution,
         models__timeout_s=3600,
+        models__threads=threads,
     )
     config = write_config(folder / f"{distribution}-{time.monotonic_ns()}.yaml", data)
     hub.clear_requests()
@@ -89,11 +93,11 @@ def one_run(bed: Testbed, hub: HubServer, folder: Path, nodes: dict[str, SSHTran
     }
 
 
-def regime(bed, hub, folder, nodes, repeat: int) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {"per-node": [], "stripe": []}
+def regime(bed, hub, folder, nodes, repeat: int, which: str, threads: int) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {d: [] for d in ("per-node", "stripe") if which in ("both", d)}
     for _ in range(repeat):  # alternating, so both see the same machine
         for distribution in runs:
-            runs[distribution].append(one_run(bed, hub, folder, nodes, distribution))
+            runs[distribution].append(one_run(bed, hub, folder, nodes, distribution, threads))
             print(f"  {distribution}: {runs[distribution][-1]}", flush=True)
     return runs
 
@@ -103,9 +107,11 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=16)
     parser.add_argument("--file-mib", type=int, default=64)
     parser.add_argument("--uplink-mbit", type=int, default=400)
-    parser.add_argument("--connection-mbps", type=float, default=10.0, help="MB/s per hub connection (regime 2)")
+    parser.add_argument("--connection-mbps", type=float, default=2.5, help="MB/s per hub connection (regime 2)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4, help="models.threads (4, the default)")
     parser.add_argument("--regime", choices=["both", "uplink", "per-connection"], default="both")
+    parser.add_argument("--distribution", choices=["both", "stripe", "per-node"], default="both")
     args = parser.parse_args()
 
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
@@ -121,7 +127,8 @@ def main() -> None:
     files = checkpoint(args.files, args.file_mib)
     size = sum(map(len, files.values()))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; {len(nodes)} bed nodes; checkpoint {len(files)} "
-          f"files, {size / 1e9:.3f} GB ({args.files} × {args.file_mib} MiB shards); repeat {args.repeat}")  # fmt: skip
+          f"files, {size / 1e9:.3f} GB ({args.files} × {args.file_mib} MiB shards); models.threads {args.threads}; "
+          f"repeat {args.repeat}")  # fmt: skip
     quiet = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_SERVER_ANALYTICS_ENABLED: False}
     table = []
     with temporary_settings(quiet), prefect_test_harness(server_startup_timeout=120):
@@ -130,7 +137,7 @@ def main() -> None:
             print(f"uplink {args.uplink_mbit} Mbit/s: one copy's limit {limit:.1f} s")
             with HubServer(folder / "hub", host=bed.state.bridge["ip"]) as hub, uplink(args.uplink_mbit):
                 publish(hub.root, REPO, files)
-                runs = regime(bed, hub, folder, nodes, args.repeat)
+                runs = regime(bed, hub, folder, nodes, args.repeat, args.distribution, args.threads)
             for distribution, rs in runs.items():
                 secs = statistics.median(r["seconds"] for r in rs)
                 table.append(
@@ -141,8 +148,8 @@ def main() -> None:
             print(f"per-connection {args.connection_mbps:g} MB/s, no uplink shaping")
             with HubServer(folder / "hub2", host=bed.state.bridge["ip"], connection_rate=rate) as hub:
                 publish(hub.root, REPO, files)
-                runs = regime(bed, hub, folder, nodes, args.repeat)
-            per_node = statistics.median(r["seconds"] for r in runs["per-node"])
+                runs = regime(bed, hub, folder, nodes, args.repeat, args.distribution, args.threads)
+            per_node = statistics.median(r["seconds"] for r in runs.get("per-node", [{"seconds": float("nan")}]))
             for distribution, rs in runs.items():
                 secs = statistics.median(r["seconds"] for r in rs)
                 name = f"{args.connection_mbps:g} MB/s per hub connection"

@@ -51,7 +51,7 @@ def models(config: ConfigSource, download: bool = True, full_verify: bool = Fals
         run.note(f"**{row['node']}** had a bad `{row['file']}` ({row['found']}): downloaded again")
     run.findings = outcome.problem_findings()
     run.data = outcome.record()
-    return run.passed(", ".join(f"{c.role} {c.listing.commit[:12]}" for c in outcome.checkpoints))
+    return run.passed(", ".join(c.headline() for c in outcome.checkpoints))
 
 
 def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool, full: bool) -> ModelsOutcome:

@@ -89,6 +89,18 @@ class CheckpointOutcome:
         got = self.fetched[node].received if node in self.fetched else {}
         return sum(n for source, n in got.items() if (source == "hub") == hub)
 
+    def received_line(self) -> str:
+        """'1.07 GB from the hub, 3.22 GB from peers' over every node, when this run downloaded; else ''."""
+        if not self.fetched:
+            return ""
+        hub, peers = (sum(self.received(n, hub=h) for n in self.fetched) for h in (True, False))
+        return f"{hub / 1e9:.2f} GB from the hub, {peers / 1e9:.2f} GB from peers"
+
+    def headline(self) -> str:
+        """The stage's one line per checkpoint (the CLI prints it): role, commit, and where the bytes came from."""
+        received = self.received_line()
+        return f"{self.role} {self.listing.commit[:12]}" + (f" ({received})" if received else "")
+
     def events(self) -> list[str]:
         """What the peer exchange met on each node: a peer gone, bad bytes refused, the hub used instead."""
         return [f"{node}: {event}" for node, report in self.fetched.items() for event in report.events]
@@ -197,8 +209,7 @@ class ModelsOutcome:
             )
             lines += [f"{node} held commit `{was}` before this run" for node, was in c.changed_revision().items()]
             if c.fetched:
-                hub, peers = (sum(c.received(n, hub=h) for n in c.fetched) for h in (True, False))
-                lines.append(f"**{c.role}** received {hub / 1e9:.2f} GB from the hub, {peers / 1e9:.2f} GB from peers")
+                lines.append(f"**{c.role}** received {c.received_line()}")
             if c.reused:
                 lines.append(f"**{c.role}**: verified by an earlier run (a cache hit: every file's size and mtime are "
                              "unchanged since); this run hashed none")  # fmt: skip

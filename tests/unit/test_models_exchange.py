@@ -92,3 +92,29 @@ def test_plan_lines_say_what_each_node_takes_from_where():
     lines = plan_lines(LISTING, plan)
     assert lines[0].startswith("node0 ") and "from the hub" in lines[0] and "from peers" in lines[0]
     assert len(lines) == 2
+
+
+def test_progress_says_per_node_what_came_from_the_hub_and_what_from_peers():
+    from k3deploy.tasks.models.remote import ProgressBoard
+
+    seen: list[tuple[float, str]] = []
+    board = ProgressBoard(lambda fraction, text: seen.append((fraction, text)), every_s=0)
+    line = 'K3PROGRESS {"op": "fetch", "done": %d, "total": 1000000000, "sources": %s}'
+    board.on_output("node0", "stderr", line % (250_000_000, '{"hub": 250000000}'))
+    board.on_output("node1", "stderr", line % (1_000_000_000, '{"hub": 250000000, "peer node0": 750000000}'))
+    fraction, text = seen[-1]
+    assert fraction == 0.625
+    assert "node0 25%, node1 100% (hub 0.25 GB, peers 0.75 GB)" in text  # node0 took nothing from peers yet
+    board.on_output("node2", "stderr", line % (5, '{"hub": "5"}'))  # not a byte count: not shown as one
+    assert "node2 0%" in seen[-1][1] and "node2 0% (" not in seen[-1][1]
+
+
+def test_the_exchange_token_travels_on_stdin_only():
+    from k3deploy.tasks.models.remote import agent_command, agent_input
+    from k3deploy.tasks.transport.base import with_timeout
+
+    plan = stripe_plan(LISTING, dict.fromkeys(NODES[:2], tuple(SIZES)))
+    part = exchange_part("node0", plan["node0"], {"node0": "10.0.0.1", "node1": "10.0.0.2"}, 18090, "xtok-123")
+    body = job("exchange", "/m", LISTING, urls=dict.fromkeys(SIZES, "http://hub/x"), exchange=part)
+    assert b"xtok-123" in agent_input(body)  # the agent needs it ...
+    assert "xtok-123" not in with_timeout(agent_command("python3"), 60)  # ... but it is never in a command line
