@@ -17,6 +17,7 @@ from k3deploy.stage import StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchRecord,
     ServiceNotReady,
+    check_what_runs,
     start_containers,
     wait_until_ready,
 )
@@ -41,7 +42,9 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
         try:
             try:
                 started = start_containers(cfg, plan)
+                live = check_what_runs(cfg, plan, started, run_id)  # each rank runs what the plan says
                 record = wait_until_ready(cfg, plan, started, run_id, logs)
+                record.live = live
             except ServiceNotReady as err:
                 record, error = err.record or record, err
             done = error is None
@@ -53,6 +56,7 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
                 run.note(f"removed {'; '.join(names) or 'nothing'}")
     run.data = asdict(record) | {"plan": plan.to_json(), "removed": removed}
     run.table("milestones", record.milestones, "start-up milestones per node")
+    run.table("running", record.live, "per rank: what runs, read back from the runtime, against the plan")
     for node, lines in record.tails.items():
         run.section(f"{node} (log: `{record.log_files.get(node, '?')}`)", "```\n" + "\n".join(lines) + "\n```")
     if error is not None:

@@ -24,6 +24,7 @@ import requests
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError
 from k3deploy.tasks.launch.containers import ContainerError, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.launch.live import LiveServer, from_inspect, from_proc, proc_read_script
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
 from k3deploy.tasks.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.transport.base import CommandResult, Transport
@@ -48,6 +49,11 @@ class Runtime(Protocol):
 
     def wait_exit(self, handle: str, stopping: threading.Event) -> str | None:
         """Block until the server exits: how it ended, in words; None once `stopping` is set."""
+        ...
+
+    def live(self, handle: str) -> LiveServer | None:
+        """What the server really runs, read back: its command line, environment, image, devices; None when
+        it has already ended (the exit watch names that)."""
         ...
 
     def remove(self, labels: Mapping[str, str]) -> list[str]:
@@ -105,6 +111,12 @@ class DockerRuntime:
                 code = "gone (removed)"
             return None if stopping.is_set() else f"the container exited (status {code})"
         return None
+
+    def live(self, handle: str) -> LiveServer | None:
+        try:
+            return from_inspect(self.client.api.inspect_container(handle))
+        except docker.errors.NotFound:
+            return None
 
     def remove(self, labels: Mapping[str, str]) -> list[str]:
         return remove_labelled(self.client, self.node, labels)
@@ -348,6 +360,13 @@ class ProcessRuntime:
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         return [s.name for s in self._mine(labels)]
+
+    def live(self, handle: str) -> LiveServer | None:
+        read = self.transport.run(proc_read_script(self._folder(handle)), timeout=60)
+        if read.exit_code != 0:
+            why = read.stderr.strip() or "not running"
+            raise ContainerError(self.node, f"cannot read back process {handle}: {why}")
+        return from_proc(read.stdout)
 
     def run_beside(
         self,

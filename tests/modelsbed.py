@@ -5,15 +5,28 @@ from __future__ import annotations
 import random
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from k3deploy.flows.models import models
 from k3deploy.localhub import HubServer
 from k3deploy.stage import StageResult, failure_lines
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_config, write_config
+
+
+def hub_fixture() -> Any:
+    """A module's `hub` fixture: the local hub on the bed's bridge address, where every test host can reach it."""
+
+    @pytest.fixture(scope="module")
+    def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
+        with HubServer(tmp_path_factory.mktemp("hub"), host=testbed.state.bridge["ip"]) as server:
+            yield server
+
+    return hub
 
 
 def sh(transport: SSHTransport, command: str) -> str:

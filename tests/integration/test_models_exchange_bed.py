@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from k3deploy.errors import K3DeployError, ModelsStageFailed
-from k3deploy.localhub import HubServer, publish
+from k3deploy.localhub import publish
 from k3deploy.tasks.models import steps
 from k3deploy.tasks.models.exchange import stripe_plan
 from k3deploy.tasks.models.listing import Listing, RemoteFile
@@ -25,17 +25,14 @@ from k3deploy.tasks.models.node_exchange import PIDFILE
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_transports
 from tests.checkpoints import SHARD, checkpoint_files
-from tests.modelsbed import file_gets, node_sha256, poll, run_models, sh
+from tests.modelsbed import file_gets, hub_fixture, node_sha256, poll, run_models, sh
 
 pytestmark = [pytest.mark.models, pytest.mark.testbed, pytest.mark.prefect]
 TEST_CHECKPOINTS = ("xstripe", "xkilled", "xcorrupt", "xresume")
 PORT = 18090  # models.exchange_port's default
 
 
-@pytest.fixture(scope="module")
-def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
-    with HubServer(tmp_path_factory.mktemp("hub"), host=testbed.state.bridge["ip"]) as server:
-        yield server
+hub = hub_fixture()
 
 
 @pytest.fixture

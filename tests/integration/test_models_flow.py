@@ -16,12 +16,12 @@ import pytest
 
 from k3deploy.errors import K3DeployError, ModelsStageFailed
 from k3deploy.flows.models import models
-from k3deploy.localhub import HubServer, publish
+from k3deploy.localhub import publish
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.checkpoints import SHARD, checkpoint_files
-from tests.modelsbed import file_gets, node_sha256, poll, sh
+from tests.modelsbed import file_gets, hub_fixture, node_sha256, poll, sh
 from tests.modelsbed import run_models as run_models_striped
 from tests.prefect_runs import task_states
 
@@ -43,11 +43,7 @@ TEST_CHECKPOINTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def hub(testbed, tmp_path_factory) -> Iterator[HubServer]:
-    """The local hub on the bed's bridge address, where every test host can reach it."""
-    with HubServer(tmp_path_factory.mktemp("hub"), host=testbed.state.bridge["ip"]) as server:
-        yield server
+hub = hub_fixture()
 
 
 @pytest.fixture
