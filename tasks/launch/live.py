@@ -7,7 +7,6 @@ back what is running (the Docker API's inspect; `/proc` of the process); this co
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,11 +88,13 @@ def pinned(ref: str | None) -> str | None:
 
 
 def _unwrapped(argv: list[str], planned: list[str]) -> list[str]:
-    """A console script runs as `python …/vllm serve …`: drop the interpreter when the script is the plan's."""
-    script = len(argv) > 1 and bool(planned) and os.path.basename(argv[1]) == os.path.basename(planned[0])
-    if script and "python" in os.path.basename(argv[0]):
-        return [planned[0] if argv[1].endswith(planned[0]) else argv[1], *argv[2:]]
-    return argv
+    """The running argv from where the plan's arguments start. A program runs as what the node makes of it: a
+    console script as `python …/bin/vllm serve …`, a site's wrapper as whatever it execs. Which program that
+    is, is the environment's to say (its planned variables, PATH and VIRTUAL_ENV, are judged); its arguments
+    are the plan's to say, and are judged from the first one on (`serve`)."""
+    if not argv or not planned or argv[0] == planned[0] or len(planned) < 2 or planned[1] not in argv[1:]:
+        return argv
+    return [planned[0], *argv[argv.index(planned[1], 1) :]]
 
 
 def options(argv: list[str]) -> dict[str, list[str]]:

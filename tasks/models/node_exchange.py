@@ -18,6 +18,7 @@ import hmac
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -36,6 +37,7 @@ except ImportError:
 PIDFILE = ".k3deploy-exchange.pid"
 HOLD_S = 15.0  # a /ready request waits this long at most, then asks again
 CONNECT_TIMEOUT_S = 5.0
+WATCH_S = 2.0  # how often the agent checks that its controller is still there
 
 
 class _Holdings:
@@ -262,6 +264,7 @@ class Exchange:
         serving = threading.Thread(target=self.server.serve_forever, daemon=True) if self.server else None
         if serving:
             serving.start()
+        threading.Thread(target=_exit_when_the_controller_is_gone, args=(pidfile,), daemon=True).start()
         try:
             result = self._fetch()
             self.peers.tell_done(self.me)
@@ -343,6 +346,20 @@ class Exchange:
                 if waiting:
                     self.holdings.changed.wait(1.0)
             waiting = {p for p in waiting if p not in self.holdings.done_peers and not self.peers.gone(p)}
+
+
+def _exit_when_the_controller_is_gone(pidfile: Path) -> None:
+    """A blank line to stderr every WATCH_S: once the controller's SSH channel is gone the write fails (EPIPE),
+    and the agent, its server with it, ends at once: nothing of the exchange outlives a controller that crashed
+    or was killed, and no node keeps downloading for nobody."""
+    while True:
+        time.sleep(WATCH_S)
+        try:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pidfile.unlink(missing_ok=True)
+            os._exit(3)
 
 
 def exchange_files(root: Path, listing: Any, job: dict[str, Any]) -> Any:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +27,7 @@ from k3deploy.tasks.models.listing import Listing, RemoteFile
 from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.models.node_exchange import PIDFILE
 from k3deploy.tasks.transport import SSHTransport
-from tests.bedconfig import bed_transports
+from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.checkpoints import SHARD, checkpoint_files
 from tests.modelsbed import file_gets, hub_fixture, node_sha256, poll, run_models, sh
 
@@ -265,3 +269,36 @@ def test_a_node_whose_exchange_port_is_taken_makes_every_node_download_for_itsel
     assert tokens == []  # no exchange, so no token made or sent
     assert sorted(file_gets(hub, repo)) == sorted((name, None) for name in files for _ in nodes)
     assert {hub_bytes(record, n) for n in nodes} == {(sum(map(len, files.values())), 0)}
+
+
+@pytest.mark.faults
+def test_a_controller_killed_mid_exchange_leaves_nothing_serving_on_the_nodes(
+    prefect_server, testbed, hub, nodes, tmp_path
+):
+    """SIGKILL to the process running the stage (no hook runs): the agents notice their SSH channel is gone and
+    end, their servers with them; nothing listens, nothing downloads for nobody."""
+    from prefect.settings import PREFECT_API_URL
+
+    repo, root = "k3test/xkilled", "/srv/models/xkilled"
+    files = checkpoint_files(16)
+    publish(hub.root, repo, files)
+    data = bed_config(testbed, models__hub="huggingface", models__hub_endpoint=hub.url, models__target={"repo": repo})
+    config = write_config(tmp_path / "site.yaml", data)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "K3DEPLOY_RUNS_DIR": str(tmp_path / "runs")}
+    code = f"from k3deploy.flows.models import models; models(config={config!r})"
+    hub.faults.stall(repo, SHARD, at=1 << 20, times=None)  # the exchange stays busy until the fault is cleared
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).parents[2])
+    try:
+        poll(
+            "every node's exchange agent running",
+            lambda: proc.poll() is None and all(listening(t) != "" for t in nodes.values()),
+            deadline_s=120,
+        )
+        proc.kill()
+        assert proc.wait(timeout=60) != 0
+        poll("every node's exchange gone", lambda: all(listening(t) == "" for t in nodes.values()), deadline_s=60)
+    finally:
+        hub.faults.clear()
+        if proc.poll() is None:
+            proc.kill()
+    nothing_of_the_exchange_left(nodes, root)

@@ -87,8 +87,12 @@ def test_a_process_run_through_its_console_script_is_its_plan():
     venv = spec.environment["VIRTUAL_ENV"]
     argv = [f"{venv}/bin/python3", f"{venv}/bin/{spec.command[0]}", *spec.command[1:]]
     assert differences(node, LiveServer(argv, dict(spec.environment))) == []
-    other = [f"{venv}/bin/python3", "/elsewhere/bin/other", *spec.command[1:]]
-    assert differences(node, LiveServer(other, dict(spec.environment)))[0].startswith("arg 0: ")
+    wrapped = ["python3", "/opt/site/vllm_wrapper.py", *spec.command[1:]]  # a site's wrapper exec'ing python
+    assert differences(node, LiveServer(wrapped, dict(spec.environment))) == []
+    shifted = [f"{venv}/bin/python3", f"{venv}/bin/vllm", "serve", "/elsewhere", *spec.command[3:]]
+    assert differences(node, LiveServer(shifted, dict(spec.environment))) == [
+        f"arg 2: '/elsewhere' running, the plan says {spec.command[2]!r}"
+    ]
 
 
 def test_the_docker_api_inspect_of_a_real_container_reads_back_command_environment_image_and_devices():
