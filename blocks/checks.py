@@ -102,6 +102,20 @@ def _paths(cfg: DeploymentConfig) -> list[Problem]:
     return problems
 
 
+def _speculative(cfg: DeploymentConfig) -> list[Problem]:
+    spec = cfg.serve.speculative_config
+    if spec is None:
+        return []
+    key = "serve.speculative_config"
+    if cfg.models.draft is not None:
+        return [(key, "give either a draft (models.draft) or a speculative config without one, not both")]
+    if not isinstance(spec.get("method"), str) or not spec["method"]:
+        return [(key, "needs its method, e.g. ngram")]
+    if "model" in spec:
+        return [(key, "names no model: a draft checkpoint is models.draft, which the models stage downloads")]
+    return []
+
+
 def _draft(cfg: DeploymentConfig) -> list[Problem]:
     draft = cfg.models.draft
     if draft is None:
@@ -176,6 +190,7 @@ def config_problems(cfg: DeploymentConfig) -> list[Problem]:
         *_ports(cfg),
         *_paths(cfg),
         *_draft(cfg),
+        *_speculative(cfg),
         *_env(cfg),
         *_image(cfg),
         *_accuracy(cfg),

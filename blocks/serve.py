@@ -155,6 +155,11 @@ class ServeConfig(StrictBlock):
         default_factory=lambda: {"cudagraph_mode": "FULL_DECODE_ONLY"},
         description="--compilation-config (JSON); None leaves it out.",
     )
+    speculative_config: dict[str, Any] | None = Field(
+        default=None,
+        description="--speculative-config for a method without a draft checkpoint (vLLM's ngram: {method: ngram, "
+        "num_speculative_tokens: 3, prompt_lookup_max: 4}); a DSpark draft is models.draft instead.",
+    )
     extra_args: list[Arg] = Field(default_factory=list, description="Further vllm serve flags, as given.")
     env: dict[EnvName, Arg] = Field(
         default_factory=lambda: dict(SEED_ENV),

@@ -1,4 +1,5 @@
-"""The deployments, one source of truth: nightly validate, validate from the UI, one per stage, bisect, teardown.
+"""The deployments, one source of truth: nightly validate, validate from the UI, one per stage, bisect, tune,
+teardown.
 
 Every deployment runs the installed package's flows by module path on a `process` work pool, so a
 worker host needs only `pip install` of this repository; the deployment config is a saved block's
@@ -21,6 +22,7 @@ from prefect.workers.process import ProcessWorker
 from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import teardown
+from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import validate
 from k3deploy.paths import runs_dir
 
@@ -76,6 +78,15 @@ def deployments(
             parameters={"config": config},
             description="Give a REGRESSED or failed run's id: experiments from launch on find which difference "
             "since its last pass did it (config key, image, checkpoint, draft); its record and report section.",
+            **common,
+        )
+    )
+    out.append(
+        tune.to_deployment(
+            "tune",
+            parameters={"config": config},
+            description="The tutorial's tuning table: give server settings (cells) and bench concurrencies; each cell "
+            "is relaunched, proved and measured; the report draws the Pareto frontier. Resume: give an earlier tune.",
             **common,
         )
     )

@@ -41,6 +41,8 @@ def bench(config: ConfigSource) -> StageResult:
         "runs": [asdict(r) for r in sweep.runs],
         "cells": [asdict(c) for c in sweep.cells],
         "settings": settings(cfg),
+        # the fullest any rank's KV cache was at a reading of /metrics during the runs (0-1; None: not reported)
+        "kv_cache_usage_peak": watch.kv_peak,
     }
     run.note(f"raw output and saved JSON of every run: `{folder}`")
     return run.passed(headline(sweep))

@@ -17,6 +17,7 @@ from k3deploy.stage import StageResult
 from k3deploy.tasks.launch.steps import (
     LaunchRecord,
     ServiceNotReady,
+    check_engine_report,
     check_what_runs,
     start_containers,
     wait_until_ready,
@@ -45,6 +46,7 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
                 live = check_what_runs(cfg, plan, started, run_id)  # each rank runs what the plan says
                 record = wait_until_ready(cfg, plan, started, run_id, logs)
                 record.live = live
+                record.engine = check_engine_report(cfg, plan)  # and the engine says what the config asked
             except ServiceNotReady as err:
                 record, error = err.record or record, err
             done = error is None
@@ -64,5 +66,6 @@ def launch(config: ConfigSource, teardown_after: bool = False) -> StageResult:
         if error.failure is not None:
             run.data["failed_rank"] = asdict(error.failure)
         run.failed(str(error), cause=error.cause())
-    ranks = cfg.serve.data_parallel_size
-    return run.passed(f"ready in {record.time_to_ready_s} s, {ranks} DP ranks, {record.burst_requests} requests")
+    ranks, kv = cfg.serve.data_parallel_size, record.engine.get("kv_tokens")
+    return run.passed(f"ready in {record.time_to_ready_s} s, {ranks} DP ranks, {record.burst_requests} requests, "
+                      f"KV cache {kv} tokens per rank")  # fmt: skip

@@ -379,6 +379,86 @@ def _print_bisect(bisect_id: str, state: Any, ui: str, log: Path) -> None:
 
 
 @app.command()
+def tune(
+    config: ConfigPath,
+    matrix: Annotated[Path, typer.Option("--matrix", "-m", help="The tune matrix YAML (see configs/tune-local.yaml).")],
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="An earlier tune's id (or prefix): run only its cells not recorded.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every cell's settings and plan; run nothing.")
+    ] = False,
+    runs_dir: RunsDir = None,
+) -> None:
+    """Server settings × bench workloads and concurrencies: each cell relaunched, proved and measured.
+
+    Prints each cell as it ends (its outcome, or its failure's class and cause), then the cells' table, the
+    recommendation, and where the record and the HTML report (the Pareto frontier) are. Exits 1 when no cell passed.
+    """
+    _set_runs_dir(runs_dir)
+    from k3deploy.tune_matrix import TuneMatrix, cell_config, describe, expand
+
+    cfg = _config(config)
+    try:
+        import yaml
+
+        spec = TuneMatrix.model_validate(yaml.safe_load(matrix.read_text()) or {})
+        cells = expand(spec)
+        configs = [cell_config(cfg, cell, spec) for cell in cells]
+    except OSError as error:
+        raise K3DeployError(f"{matrix}: {error.strerror or error}") from None
+    except (yaml.YAMLError, ValueError) as error:
+        raise K3DeployError(f"{matrix}: {error}") from None
+    if dry_run:
+        from k3deploy.tasks.render import render_plan
+
+        for cell, cell_cfg in zip(cells, configs, strict=True):
+            bench = cell_cfg.bench
+            out.print(f"# cell {cell.name}: {describe(cell)}", markup=False, highlight=False)
+            out.print(f"# bench: concurrency {[bench.max_concurrency, *bench.concurrency_sweep]}, prefix-hit workload "
+                      f"{'on' if bench.prefix_hit else 'off'}", markup=False, highlight=False)  # fmt: skip
+            typer.echo(render_plan(cell_cfg).to_text())
+        return
+    source = _source(config)
+    with _prefect() as info, _flow_log() as log:
+        from k3deploy.cli_output import CellProgress, StageProgress
+        from k3deploy.flows.tune import CELL_LISTENERS
+        from k3deploy.flows.tune import tune as tune_flow
+        from k3deploy.flows.validate import LISTENERS
+
+        LISTENERS.append(StageProgress(err))
+        CELL_LISTENERS.append(CellProgress(err))
+        with _parsed(source, cfg):
+            state = tune_flow(config=source, matrix=spec, resume=resume, return_state=True)
+    _print_tune(str(state.state_details.flow_run_id), state, info.ui, log)
+
+
+def _print_tune(tune_id: str, state: Any, ui: str, log: Path) -> None:
+    from k3deploy.cli_output import print_tune
+    from k3deploy.flows.tune import TUNE_HTML
+    from k3deploy.paths import run_folder
+    from k3deploy.tune_record import TUNE_NAME, read_tune
+
+    record = read_tune(tune_id)
+    if record is None:
+        err.print(f"log: {log}")
+        state.result()  # it stopped before its first record: raise why
+        raise K3DeployError("the tune ended without a record")
+    folder = run_folder(tune_id).resolve()
+    out.print()
+    print_tune(out, record)
+    out.print(f"tune record: {folder / TUNE_NAME}")
+    if (folder / TUNE_HTML).exists():
+        out.print(f"report: {folder / TUNE_HTML}")
+    out.print(f"log: {_keep_log(log, folder)}")
+    out.print(f"Prefect UI: {ui}/runs/flow-run/{tune_id}")
+    if not state.is_completed():
+        state.result()
+    if not any(c.verdict == "pass" for c in record.cells):
+        raise typer.Exit(1)
+
+
+@app.command()
 def deploy(
     config: Annotated[
         str, typer.Option("--config", "-c", help="A saved DeploymentConfig block, or a YAML path the workers read.")

@@ -9,6 +9,7 @@ from k3deploy.bisect_record import BisectRecord, Experiment, experiment_rows, ve
 from k3deploy.history import Comparison
 from k3deploy.record import RunRecord
 from k3deploy.stage import StageResult, Verdict, failure_lines
+from k3deploy.tune_record import TuneCell, TuneRecord
 
 STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIPPED: "yellow", Verdict.NOT_APPLICABLE: "dim"}
 
@@ -45,6 +46,35 @@ class ExperimentProgress:
             return
         like = {True: "like the bad end", False: "like the good end", None: "neither"}[experiment.reproduces]
         self.console.print(f"[bold]■■ experiment {name}[/]: {like}: {experiment.evidence}", highlight=False)
+
+
+class CellProgress:
+    """Listener for tune: a line when a cell starts and one with its outcome."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, name: str, cell: TuneCell | None) -> None:
+        if cell is None:
+            self.console.print(f"[bold]▶▶ cell {name}[/]", markup=True, highlight=False)
+            return
+        said = cell.failure.describe() if cell.failure else f"{sum(p.valid for p in cell.points)} VALID bench cell(s)"
+        self.console.print(f"[bold]■■ cell {name}[/]: {cell.verdict}: {said}", highlight=False)
+
+
+def print_tune(console: Console, record: TuneRecord) -> None:
+    """Each cell's outcome and figures, then the recommendation with its evidence."""
+    from k3deploy.tune_report import cell_rows, recommendation
+
+    table = Table(title=f"tune {record.tune_name or record.tune_id}: {len(record.cells)} cell(s)", title_justify="left")
+    keep = ("cell", "outcome", "workload", "c", "requests", "out tok/s", "E2EL ms mean/p99", "KV peak", "acceptance")
+    for column in keep:
+        table.add_column(column, overflow="fold")
+    for row in cell_rows(record):
+        table.add_row(*(row[k] for k in keep))
+    console.print(table)
+    for line in recommendation(record):
+        console.print(line.replace("**", ""), markup=False, highlight=False)
 
 
 def print_bisect(console: Console, record: BisectRecord) -> None:

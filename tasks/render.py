@@ -172,10 +172,10 @@ def node_env(cfg: DeploymentConfig, index: int) -> dict[str, str]:
 
 
 def speculative_config(cfg: DeploymentConfig) -> dict[str, Any] | None:
-    """Seed 5.2's --speculative-config, or None when no draft is chosen."""
+    """Seed 5.2's --speculative-config for a draft, serve.speculative_config without one, else None."""
     draft = cfg.models.draft
     if draft is None:
-        return None
+        return cfg.serve.speculative_config
     return {
         "method": draft.method,
         "model": draft.path,

@@ -127,6 +127,13 @@ def parse_acceptance(text: str) -> dict[str, Any]:
     for key in SPEC_RATES:
         if data.get(key) is not None:
             figure(data, key, what)
+    per_position = data.get("per_position")
+    if per_position is not None:
+        if not isinstance(per_position, list):
+            raise UnreadableEvidence(f"{what}: per_position is {per_position!r}, not a list")
+        for i, rate in enumerate(per_position):
+            if not 0 <= finite(rate, f"{what}'s per_position[{i}]") <= 1:
+                raise UnreadableEvidence(f"{what}: per_position[{i}] is {rate}, not a rate between 0 and 1")
     return data
 
 
@@ -213,7 +220,25 @@ def acceptance(before: str, after: str) -> dict[str, Any] | None:
         **rises,
         "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "per_position": _per_position(readings, drafts),
     }
+
+
+def _per_position(readings: list[list[metrics.Sample]], drafts: float) -> list[float] | None:
+    """Acceptance per draft position (accepted there / drafts), as vLLM's own log shows it; None when the
+    per-position counter is absent or does not add up."""
+    name = f"{SPEC}num_accepted_tokens_per_pos_total"
+    rises: dict[int, float] = {}
+    for i, reading in enumerate(readings):
+        for sample in reading:
+            position = sample.labels.get("position", "")
+            if sample.name == name and position.isdigit():
+                rises[int(position)] = rises.get(int(position), 0.0) + sample.value * (1 if i else -1)
+    if not drafts or not rises or sorted(rises) != list(range(len(rises))):
+        return None
+    if not all(math.isfinite(v) and 0 <= v <= drafts for v in rises.values()):
+        return None
+    return [round(rises[p] / drafts, 4) for p in range(len(rises))]
 
 
 def _unknown_acceptance(reason: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from k3deploy.stage import FailureClass, Finding
 from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, against_baselines
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run
-from k3deploy.tasks.render import Plan
+from k3deploy.tasks.render import Plan, speculative_config
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Sweep:
     findings: list[Finding] = field(default_factory=list)
 
     def measure(self, cfg: DeploymentConfig, plan: Plan, folder: Path, stop: threading.Event) -> None:
-        serving = Serving(cfg.serve.enable_prefix_caching, drafting=cfg.models.draft is not None)
+        serving = Serving(cfg.serve.enable_prefix_caching, drafting=speculative_config(cfg) is not None)
         for workload, concurrency in planned_runs(cfg):
             done: list[BenchRun] = []
             resumed = 0
@@ -72,6 +72,7 @@ def settings(cfg: DeploymentConfig) -> dict[str, Any]:
         "slo": cfg.bench.slo.model_dump(),
         "reset_prefix_cache": cfg.bench.reset_prefix_cache,
         "draft": None if cfg.models.draft is None else cfg.models.draft.repo,
+        "speculative": speculative_config(cfg),
     }
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
@@ -16,6 +17,7 @@ from k3deploy.errors import K3DeployError
 from k3deploy.stage import FailureCause, FailureClass, Finding
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.containers import Started
+from k3deploy.tasks.launch.engine_report import disagreements, parse_report
 from k3deploy.tasks.launch.live import differences
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
 from k3deploy.tasks.render import Plan
@@ -62,6 +64,11 @@ class NotAsPlanned(ServiceNotReady):
         )
 
 
+class EngineDisagrees(ServiceNotReady):
+    """The engine, once ready, reports a DP size or context length other than the config's: what is measured
+    next would not be this config's (class engine, node 0 named)."""
+
+
 @dataclass
 class LaunchRecord:
     run_id: str
@@ -73,6 +80,7 @@ class LaunchRecord:
     failure: str | None = None
     tails: dict[str, list[str]] = field(default_factory=dict)  # node → its last log lines
     live: list[dict[str, Any]] = field(default_factory=list)  # per rank: what runs, read back, against the plan
+    engine: dict[str, Any] = field(default_factory=dict)  # what the engine reports of itself once ready
 
 
 @task(name="start containers", cache_policy=NO_CACHE)
@@ -175,6 +183,30 @@ def check_what_runs(
         error.record = LaunchRecord(run_id, {n: s.adopted for n, s in started.items()}, live=rows)
         raise error
     return rows
+
+
+@task(name="check what the engine reports", cache_policy=NO_CACHE)
+def check_engine_report(cfg: DeploymentConfig, plan: Plan) -> dict[str, Any]:
+    """Node 0's /metrics and /v1/models against the config: every DP rank reporting, the context length asked
+    for; the KV-cache size each rank sized itself (memory headroom's denominator) is kept in the record."""
+    url, timeout = service_url(cfg), cfg.serve.readiness.request_timeout_s
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=timeout).raise_for_status().text
+        models = httpx.get(f"{url}/v1/models", timeout=timeout).raise_for_status().text
+        report = parse_report(text, models, cfg.serve.served_model_name)
+    except (httpx.HTTPError, K3DeployError) as err:
+        node = plan.nodes[0]
+        failure = Failure(node.node, node.dp_rank, str(err), None, time.time(), None)
+        raise EngineDisagrees(f"the engine's own report could not be read: {err}", failure) from None
+    found = disagreements(report, cfg.serve.data_parallel_size, cfg.serve.max_model_len)
+    if found:
+        node = plan.nodes[0]
+        said = "; ".join(f"{key}: {what}" for key, what in found)
+        raise EngineDisagrees(f"the engine reports itself otherwise than the config: {said}",
+                              Failure(node.node, node.dp_rank, said, None, time.time(), None))  # fmt: skip
+    get_run_logger().info("the engine reports DP ranks %s, max_model_len %s, KV cache %s tokens per rank (fewest)",
+                          ", ".join(report.engines), report.max_model_len, report.kv_tokens)  # fmt: skip
+    return report.as_data()
 
 
 def _raise_if_failed(monitor: LaunchMonitor) -> None:

@@ -25,6 +25,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import ServiceLost
 from k3deploy.paths import run_folder
 from k3deploy.tasks.endpoints import engines, service_url
+from k3deploy.tasks.launch.engine_report import kv_usage_peak
 from k3deploy.tasks.render import NodePlan, render_plan
 from k3deploy.tasks.runtime import serving_runtimes
 from k3deploy.tasks.watch.logwatch import LogWatcher, load_patterns
@@ -50,6 +51,7 @@ class ServiceWatch:
         self.stop = threading.Event()  # set once the service is lost: the stage's tools stop
         self.monitor = LaunchMonitor(LogWatcher(load_patterns()), log_dir, phase=stage, log_suffix=f".{stage}")
         self._closing = threading.Event()
+        self.kv_peak: float | None = None  # the fullest any rank's KV cache was at a reading (memory headroom)
 
     def watch_progress(self) -> None:
         """Node 0's /metrics until closed: a stuck rank, or node 0 not answering, is a failure."""
@@ -68,6 +70,9 @@ class ServiceWatch:
                     self.monitor.fail(Failure(node0, 0, why, f"{type(err).__name__}: {err}", time.time(), None))
                 continue
             answered = now
+            usage = kv_usage_peak(text)
+            if usage is not None:
+                self.kv_peak = max(usage, self.kv_peak or 0.0)
             stuck = sorted(detector.observe(now, readings(text)), key=lambda s: (len(s.engine), s.engine))
             if stuck:
                 first = stuck[0]

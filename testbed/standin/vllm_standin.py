@@ -861,10 +861,16 @@ class Answer:
 class Stats:
     """Counters behind /metrics, per DP engine."""
 
-    def __init__(self, engines: int, speculative: dict[str, Any] | None) -> None:
+    def __init__(self, engines: int, speculative: dict[str, Any] | None, prefix_caching: bool = True) -> None:
         self.lock = threading.Lock()
         self.engines = engines
         self.k = int((speculative or {}).get("num_speculative_tokens") or 0)
+        blocks, size = 2048, 128  # what a rank of the stand-in "has room for"; a real engine sizes it from memory
+        tokens = blocks * size
+        self.cache_labels = {"block_size": str(size), "num_gpu_blocks": str(blocks),
+                             "kv_cache_size_tokens": str(tokens),
+                             "kv_cache_memory_bytes": str(tokens * 4096), "cache_dtype": "auto",
+                             "enable_prefix_caching": str(prefix_caching)}  # fmt: skip
         zero = dict.fromkeys(range(engines), 0)
         self.running = dict(zero)
         self.success: dict[tuple[int, str], int] = {}
@@ -933,6 +939,14 @@ class Stats:
                 "KV-cache usage. 1 means 100 percent usage.",
                 dict.fromkeys(self.running, 0),
             )
+            # One sample per engine, labels sorted, as vLLM 0.32.0 writes it (tests/data/launch/vllm-0.32.0/engine/);
+            # a subset of its labels: the KV-cache sizing the engine did at start.
+            out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+            out.append("# TYPE vllm:cache_config_info gauge")
+            for engine in sorted(self.running):
+                labels = {**self.cache_labels, "engine": str(engine)}
+                out.append("vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                           + "} 1.0")  # fmt: skip
             family(
                 "vllm:prefix_cache_queries_total",
                 "counter",
@@ -969,7 +983,7 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, args: argparse.Namespace, controls: Controls, coordinator: Coordinator, max_len: int) -> None:
         self.args, self.controls, self.coordinator, self.max_len = args, controls, coordinator, max_len
-        self.stats = Stats(args.data_parallel_size, args.speculative_config)
+        self.stats = Stats(args.data_parallel_size, args.speculative_config, args.enable_prefix_caching is not False)
         self.fail_every = (0, itertools.count(1))  # K3SIM_FAIL_EVERY and requests counted since it was set
         self.created = int(time.time())
         host = args.host if args.host not in (None, "") else "0.0.0.0"

@@ -159,7 +159,7 @@ def holder(config: str) -> str | None:
 def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_its_turn(worker, tmp_path):
     config = gated_standin(tmp_path)
     deployed = apply(config, worker)
-    assert {"nightly", "validate", "stage-models", "stage-launch", "bisect", "teardown"} <= set(deployed)
+    assert {"nightly", "validate", "stage-models", "stage-launch", "bisect", "tune", "teardown"} <= set(deployed)
     first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     wait_for("the first run to hold the cluster", lambda: holder(config) == str(first.id))
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
@@ -271,6 +271,16 @@ def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, 
     text = json.dumps(schema).lower()
     for secret in ("private_key", "token", "password", "secret", "writeonly"):
         assert secret not in text
+    # tune's form: the matrix as a group of described fields, the workloads a dropdown, no secret
+    with get_client(sync_client=True) as client:
+        tune = client.read_deployment_by_name("tune/tune").parameter_openapi_schema
+    assert set(tune["properties"]) == {"config", "matrix", "resume"} and "matrix" in tune["required"]
+    assert all(p.get("description") for p in tune["properties"].values())
+    matrix = tune["definitions"]["TuneMatrix"]["properties"]
+    assert {"axes", "cells", "workloads", "concurrency", "bench", "smoke", "accuracy", "reference"} == set(matrix)
+    assert all(m.get("description") for m in matrix.values())
+    assert "cold only (random)" in tune["definitions"]["BenchWorkloads"]["enum"]
+    assert not any(secret in json.dumps(tune).lower() for secret in ("private_key", "token", "password", "secret"))
 
 
 def test_retry_of_a_failed_run_skips_the_stages_that_passed_unless_their_inputs_changed(prefect_server, tmp_path):

@@ -111,4 +111,20 @@ def test_speculative_acceptance_from_the_real_counters_change():
     assert spec["mean_acceptance_length"] == round(1 + spec["accepted_tokens"] / spec["drafts"], 4)
     assert 0 < spec["acceptance_rate"] < 1
     assert acceptance(after, after) == {**spec, "drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0,
-                                        "acceptance_rate": None, "mean_acceptance_length": None}  # fmt: skip
+                                        "acceptance_rate": None, "mean_acceptance_length": None,
+                                        "per_position": None}  # fmt: skip
+
+
+def test_acceptance_per_position_from_the_real_counters():
+    """vLLM's per-position counter (spec_decode_num_accepted_tokens_per_pos_total{position=…}): accepted at each
+    draft position per draft, the figures vLLM's own log line shows; they add up to the accepted tokens."""
+    before = (DATA / "vllm-0.32.0-ngram-metrics-before.txt").read_text()
+    after = (DATA / "vllm-0.32.0-ngram-metrics-after.txt").read_text()
+    spec = acceptance(before, after)
+    assert spec is not None and len(spec["per_position"]) == 2  # ngram with 2 speculative tokens
+    first, second = spec["per_position"]
+    assert 1 >= first >= second >= 0  # a later position is accepted only after the earlier one
+    assert abs((first + second) * spec["drafts"] - spec["accepted_tokens"]) < 1
+    # A per-position counter that went down (a restarted server) gives no per-position figures, not made-up ones.
+    dropped = after.replace('position="1"} 40.0', 'position="1"} -5.0')
+    assert acceptance(before, dropped)["per_position"] is None

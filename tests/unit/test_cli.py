@@ -165,3 +165,26 @@ def test_rerun_names_the_stages_it_can_run():
     assert out.returncode == 2
     stages = "preflight, models, comm, image, launch, smoke, bench, accuracy, teardown"
     assert f"unknown stage 'report'; stages: {stages}" in out.stderr
+
+
+@pytest.mark.cli
+def test_tune_dry_run_prints_every_cells_settings_and_plan_and_runs_nothing(site_file, tmp_path):
+    matrix = tmp_path / "tune.yaml"
+    matrix.write_text(yaml.safe_dump({"axes": {"serve.max_num_seqs": [8, 32]}, "concurrency": [4, 16]}))
+    out = k3deploy("tune", "-c", str(site_file), "--matrix", str(matrix), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "# cell max_num_seqs=8: serve.max_num_seqs=8" in out.stdout and "# bench: concurrency [4, 16]" in out.stdout
+    plans = out.stdout.split("# cell ")[1:]
+    assert len(plans) == 2 and "--max-num-seqs 8 " in plans[0] and "--max-num-seqs 32 " in plans[1]
+    assert "Prefect" not in out.stderr  # nothing started, not even a server
+
+
+@pytest.mark.cli
+def test_a_tune_matrix_that_cannot_run_is_one_line_naming_the_cell_and_key(site_file, tmp_path):
+    matrix = tmp_path / "tune.yaml"
+    matrix.write_text(yaml.safe_dump({"cells": [{"name": "wide", "set": {"serve.data_parallel_size": 8}}]}))
+    out = k3deploy("tune", "-c", str(site_file), "--matrix", str(matrix), "--dry-run")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "cell wide: serve.data_parallel_size is fixed for the whole matrix" in out.stderr
+    missing = k3deploy("tune", "-c", str(site_file), "--matrix", str(tmp_path / "none.yaml"), "--dry-run")
+    assert missing.returncode != 0 and "none.yaml: No such file or directory" in missing.stderr

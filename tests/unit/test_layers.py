@@ -29,6 +29,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "k3deploy.run_report",
             "k3deploy.bisect_search",
             "k3deploy.bisect_record",
+            "k3deploy.tune_record",
+            "k3deploy.tune_report",
         ),
     ),
     (
@@ -39,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "k3deploy.cluster_lock",
             "k3deploy.cluster_hold",
             "k3deploy.run_abort",
+            "k3deploy.tune_matrix",
         ),
     ),
     (
