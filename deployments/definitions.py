@@ -21,7 +21,7 @@ from prefect.workers.process import ProcessWorker
 
 from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
-from k3deploy.flows.teardown import teardown
+from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import validate
 from k3deploy.paths import runs_dir
@@ -91,7 +91,7 @@ def deployments(
         )
     )
     out.append(
-        teardown.to_deployment(
+        clear_cluster.to_deployment(
             "teardown",
             parameters={"config": config},
             description="Remove this config's containers on every node; safe to repeat, needs no lock.",

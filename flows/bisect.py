@@ -56,8 +56,8 @@ DEFAULTS = StageOptions()
 @flow(name="bisect", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
 def bisect(
     run: str,
-    config: str | None = None,
-    good_run: str | None = None,
+    config: str = "",
+    good_run: str = "",
     max_experiments: int = 8,
     resume: bool = False,
 ) -> dict[str, Any]:
@@ -66,8 +66,8 @@ def bisect(
     Args:
         run: The REGRESSED or failed run (its id or a unique prefix).
         config: A DeploymentConfig block name or YAML path whose secrets the experiments use (the records hold
-            none); not needed when the deployment has none.
-        good_run: The passing run to bisect against; default: the bad run's last pass of the same family.
+            none); empty when the deployment has none.
+        good_run: The passing run to bisect against; empty: the bad run's last pass of the same family.
         max_experiments: Stop (undecided) after this many experiments.
         resume: Take up the experiments of this run's latest bisect that did not finish.
     """

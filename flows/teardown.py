@@ -29,3 +29,15 @@ def teardown(config: ConfigSource, run_id: str | None = None) -> StageResult:
         run.failed(f"{len(problems)} node(s) not cleared ({', '.join(problems)}); run teardown again once "
                    f"they are reachable and what survives there is stopped.")  # fmt: skip
     return run.passed(removed_summary(removed))
+
+
+@flow(name="clear-cluster")
+def clear_cluster(config: str, run_id: str = "") -> StageResult:
+    """The teardown deployment's flow: its form takes a config's name or path, never the config itself (a form
+    of the whole config would show its secret fields), and no `| None` (the form's type switch).
+
+    Args:
+        config: The name of a saved DeploymentConfig block, or a deployment YAML path on the worker.
+        run_id: Remove only this run's servers; empty: every server of this config.
+    """
+    return teardown(config, run_id or None)

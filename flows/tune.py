@@ -40,14 +40,15 @@ TUNE_HTML, TUNE_MD = "tune.html", "tune.md"
 
 
 @flow(name="tune", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
-def tune(config: str, matrix: TuneMatrix, resume: str | None = None) -> dict[str, Any]:
+def tune(config: str, matrix: TuneMatrix, resume: str = "") -> dict[str, Any]:
     """Server settings × bench workloads and concurrencies, each setting relaunched and measured; the frontier.
 
     Args:
         config: The name of a saved DeploymentConfig block, or a deployment YAML path on the worker.
         matrix: The cells (server settings: any serve.* key, models.draft, speculative config, prefix caching)
             and the bench workloads and concurrencies every cell runs.
-        resume: An earlier tune's id (or unique prefix): its recorded cells are taken over, the rest run.
+        resume: An earlier tune's id (or unique prefix): its recorded cells are taken over, the rest
+            run; empty: a new tune.
     """
     logger = get_run_logger()
     base = resolve_config(config)
@@ -80,7 +81,7 @@ def tune(config: str, matrix: TuneMatrix, resume: str | None = None) -> dict[str
 
 
 def _start(tune_id: str, base: DeploymentConfig, matrix: TuneMatrix, specs: list[CellSpec],
-           resume: str | None) -> TuneRecord:  # fmt: skip
+           resume: str) -> TuneRecord:  # fmt: skip
     """This tune's record: its own on a Retry, an earlier tune's finished cells on resume, else new."""
     own = read_tune(tune_id)
     if own is not None:

@@ -31,6 +31,8 @@ from k3deploy.tasks.stage_cache import passed_stage, stage_inputs_key
 from k3deploy.tasks.stage_run import error_cause
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
+# Plain controls in the UI's form (a multi-select, a dropdown): no `| None`, which the form shows as a type switch.
+FROM_THE_START = StageName("preflight")
 
 # Called as (stage, result or None when it starts): how the CLI shows progress of an in-process run.
 LISTENERS: list[Callable[[str, StageResult | None], None]] = []
@@ -67,6 +69,12 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     return result
 
 
+def chosen_stages(only: tuple[str, ...], from_stage: str) -> list[Stage]:
+    """The form's choice: no stage ticked and "from preflight" (its defaults) mean every stage."""
+    start = None if from_stage == FROM_THE_START else str(from_stage)
+    return select([str(s) for s in only] if only else None, start)
+
+
 def _first_failure(results: list[StageResult]) -> StageResult | None:
     return next((r for r in results if r.verdict is Verdict.FAIL), None)
 
@@ -79,8 +87,8 @@ STAGE_DEFAULTS = StageOptions()
 @flow(name="validate", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
 def validate(
     config: str,
-    only: list[StageName] | None = None,
-    from_stage: StageName | None = None,
+    only: tuple[StageName, ...] = (),
+    from_stage: StageName = FROM_THE_START,
     draft: DraftChoice = AS_CONFIGURED_DRAFT,
     bench: BenchOptions = CONFIGURED_BENCH,
     stages: StageOptions = STAGE_DEFAULTS,
@@ -90,8 +98,8 @@ def validate(
 
     Args:
         config: The name of a saved DeploymentConfig block, or a deployment YAML path on the worker.
-        only: Run just these stages (preflight always runs first, teardown last).
-        from_stage: Run from this stage on (preflight always runs first).
+        only: Run just these stages (preflight always runs first, teardown last); none chosen: every stage.
+        from_stage: Run from this stage on (preflight always runs first); preflight: every stage.
         draft: The DSpark draft to serve with: as configured, none, or one of the known drafts.
         bench: This run's bench workloads, concurrency sweep and a baseline run to compare with.
         stages: The stages' own options: download, full_verify (models), fresh (comm).
@@ -100,7 +108,7 @@ def validate(
     cfg = apply_options(resolve_config(config), str(draft), bench)
     run_id = str(runtime.flow_run.id)
     try:
-        chosen = select([str(s) for s in only] if only else None, str(from_stage) if from_stage else None)
+        chosen = chosen_stages(only, from_stage)
     except ValueError as err:
         raise ValidateFailed(str(err)) from None
     # The top-level run holds the cluster; a validate called as a subflow runs under its parent's turn.

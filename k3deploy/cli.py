@@ -203,10 +203,10 @@ def run(
         LISTENERS.append(StageProgress(err))
         state = validate(
             config=_source(config),
-            only=only or None,
-            from_stage=start,
+            only=tuple(only or ()),
+            from_stage=start or "preflight",
             stages=_stage_options(fresh, no_download, full_verify),
-            bench=BenchOptions(baseline_run=baseline_run),
+            bench=BenchOptions(baseline_run=baseline_run or ""),
             keep_serving=keep_serving,
             return_state=True,
         )
@@ -349,7 +349,7 @@ def bisect(
         EXPERIMENT_LISTENERS.append(ExperimentProgress(err))
         with _parsed(source, cfg) if source and cfg else contextlib.nullcontext():
             state = bisect_flow(
-                run=run_id, config=source, good_run=good, max_experiments=max_experiments, resume=resume,
+                run=run_id, config=source or "", good_run=good or "", max_experiments=max_experiments, resume=resume,
                 return_state=True,
             )  # fmt: skip
     _print_bisect(str(state.state_details.flow_run_id), state, info.ui, log)
@@ -429,7 +429,7 @@ def tune(
         LISTENERS.append(StageProgress(err))
         CELL_LISTENERS.append(CellProgress(err))
         with _parsed(source, cfg):
-            state = tune_flow(config=source, matrix=spec, resume=resume, return_state=True)
+            state = tune_flow(config=source, matrix=spec, resume=resume or "", return_state=True)
     _print_tune(str(state.state_details.flow_run_id), state, info.ui, log)
 
 

@@ -36,13 +36,13 @@ class BenchOptions(BaseModel):
         default=BenchWorkloads.as_configured,
         description="The cold-prefix workload alone, or also the prefix-hit one (reported apart).",
     )
-    concurrency_sweep: list[int] | None = Field(
-        default=None,
-        description="Further --max-concurrency values to run after the configured one; empty or null: as configured.",
+    concurrency_sweep: list[int] = Field(
+        default_factory=list,
+        description="Further --max-concurrency values to run after the configured one; empty: as configured.",
     )
-    baseline_run: str | None = Field(
-        default=None,
-        description="A run id (or unique prefix) whose bench and accuracy figures this run is also compared with.",
+    baseline_run: str = Field(
+        default="",
+        description="A run id (or prefix) whose bench and accuracy figures this run is also judged by; empty: none.",
     )
 
 

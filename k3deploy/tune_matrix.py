@@ -67,9 +67,9 @@ class TuneMatrix(BaseModel):
     )
     smoke: bool = Field(default=True, description="Run the smoke checks on every cell before its bench.")
     accuracy: bool = Field(default=False, description="Run the accuracy evaluators on every cell after its bench.")
-    reference: str | None = Field(
-        default=None,
-        description="The cell marked as the reference configuration; default: the cell that changes nothing.",
+    reference: str = Field(
+        default="",
+        description="The cell marked as the reference configuration; empty: the cell that changes nothing.",
     )
 
 
@@ -93,7 +93,7 @@ def expand(matrix: TuneMatrix) -> list[CellSpec]:
         seen.add(cell.name)
     if any(c < 1 for c in matrix.concurrency):
         raise TuneMatrixError(f"concurrency: every value must be ≥ 1, not {matrix.concurrency}")
-    if matrix.reference is not None and matrix.reference not in seen:
+    if matrix.reference and matrix.reference not in seen:
         raise TuneMatrixError(f"reference: no cell is named {matrix.reference!r}")
     return out
 
@@ -150,7 +150,7 @@ def _open_mapping(parts: list[str]) -> bool:
 
 def reference_cell(matrix: TuneMatrix, cells: list[CellSpec], base: DeploymentConfig) -> str | None:
     """The cell named as reference, else one whose settings equal the deployment's own (it changes nothing)."""
-    if matrix.reference is not None:
+    if matrix.reference:
         return matrix.reference
     data = base.model_dump(mode="json")
     for cell in cells:

@@ -72,3 +72,52 @@ def test_comm_and_image_read_only_the_serve_keys_they_use():
     contained = cfg.model_copy(deep=True)
     contained.serve.runtime = "docker"  # the image stage probes an image instead of an environment
     assert stage_inputs_key(image, cfg, {}, "run-1") != stage_inputs_key(image, contained, {}, "run-1")
+
+
+def _type_switches(node: object, path: str = "") -> list[str]:
+    """Where a schema offers a choice of types (anyOf / oneOf): the UI's form shows those as a type switch."""
+    found = [path] if isinstance(node, dict) and ({"anyOf", "oneOf"} & set(node)) else []
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+    for key, value in children:
+        found += _type_switches(value, f"{path}/{key}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["nightly", "validate", "stage-models", "bisect", "tune", "teardown"])
+def test_every_run_form_has_plain_described_controls_and_no_secret(name):
+    from k3deploy.deployments.definitions import deployments
+
+    (deployment,) = [d for d in deployments(str(LOCAL)) if d.name == name]
+    schema = deployment._parameter_openapi_schema.model_dump()
+    assert _type_switches(schema) == []
+    described = [*schema["properties"].items()]
+    for definition in schema.get("definitions", {}).values():
+        described += [*definition.get("properties", {}).items()]
+    assert [key for key, field in described if not field.get("description")] == []
+    # no secret field (a form's values are stored in plain text); the help may well say "secrets"
+    assert not {key for key, _ in described} & {"private_key", "hub_token", "password", "ssh", "auth"}
+    assert "writeOnly" not in str(schema) and "'format': 'password'" not in str(schema)
+    assert schema["properties"]["config"]["type"] == "string"
+
+
+def test_validate_form_offers_the_stages_as_a_multi_select_and_a_dropdown():
+    from prefect.utilities.callables import parameter_schema
+
+    from k3deploy.flows.validate import validate
+
+    schema = parameter_schema(validate.fn).model_dump()
+    only, start = schema["properties"]["only"], schema["properties"]["from_stage"]
+    assert only["type"] == "array" and only["items"] == {"$ref": "#/definitions/StageName"} and only["default"] == []
+    assert start["$ref"] == "#/definitions/StageName" and start["default"] == "preflight"
+    assert schema["definitions"]["StageName"]["enum"][0] == "preflight"
+
+
+@pytest.mark.parametrize(
+    ("only", "start", "expected"),
+    [((), "preflight", 8), (("bench",), "preflight", 2), ((), "launch", 5)],
+)
+def test_the_forms_defaults_mean_every_stage(only, start, expected):
+    from k3deploy.flows.validate import chosen_stages
+
+    chosen = chosen_stages(only, start)
+    assert len(chosen) == expected and chosen[0].name == "preflight"
