@@ -11,6 +11,7 @@ from typing import Any
 
 _WHERE = {
     "AccuracyConfig": "accuracy",
+    "AlertsConfig": "alerts",
     "BenchConfig": "bench",
     "CheckpointSpec": "models",
     "ClusterConfig": "cluster",

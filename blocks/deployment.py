@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from k3deploy.blocks._types import StrictBlock
 from k3deploy.blocks.accuracy import AccuracyConfig
+from k3deploy.blocks.alerts import AlertsConfig
 from k3deploy.blocks.bench import BenchConfig
 from k3deploy.blocks.checks import config_problems
 from k3deploy.blocks.cluster import ClusterConfig
@@ -24,6 +25,7 @@ NOT_SERVING: dict[str, Any] = {
     "smoke": True,
     "bench": True,
     "accuracy": True,
+    "alerts": True,
     "serve": {"readiness", "liveness"},
     "cluster": {"name", "on_busy", "busy_timeout_s", "ssh"},
     "models": {"threads", "timeout_s", "read_timeout_s", "download_retries", "node_python"},
@@ -42,6 +44,7 @@ class DeploymentConfig(StrictBlock):
     smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="Smoke checks against the service.")
     bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig, description="Accuracy evaluators.")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Who hears of a failed or REGRESSED run.")
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> DeploymentConfig:

@@ -19,6 +19,7 @@ SECRET_ENV = {
     ("cluster", "ssh", "private_key"): "K3DEPLOY_SSH_PRIVATE_KEY",
     ("models", "hub_token"): "K3DEPLOY_HUB_TOKEN",
     ("image", "registry", "password"): "K3DEPLOY_REGISTRY_PASSWORD",
+    ("alerts", "webhook_url"): "K3DEPLOY_ALERT_WEBHOOK",
 }
 
 
@@ -44,10 +45,13 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
 def _inject_secrets(data: dict[str, Any], environ: os._Environ[str] | dict[str, str]) -> None:
     for path, var in SECRET_ENV.items():
         value = environ.get(var)
-        node: Any = data
-        for key in path[:-1]:
+        if not value:
+            continue
+        # a section of the document may be left out (its defaults apply); a nested block (registry) may not
+        node: Any = data.setdefault(path[0], {})
+        for key in path[1:-1]:
             node = node.get(key) if isinstance(node, dict) else None
-        if value and isinstance(node, dict) and node.get(path[-1]) is None:
+        if isinstance(node, dict) and node.get(path[-1]) is None:
             node[path[-1]] = SecretStr(value)
 
 

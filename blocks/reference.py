@@ -13,7 +13,7 @@ from pydantic_core import PydanticUndefined
 
 from k3deploy.blocks.deployment import DeploymentConfig
 
-SECTIONS = ("cluster", "models", "image", "serve", "bench")
+SECTIONS = tuple(DeploymentConfig.model_fields)  # every section, in the order the config gives them
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:

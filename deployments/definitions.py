@@ -23,7 +23,7 @@ from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
-from k3deploy.flows.validate import validate
+from k3deploy.flows.validate import NIGHTLY, validate
 from k3deploy.paths import runs_dir
 
 if TYPE_CHECKING:
@@ -35,12 +35,18 @@ TAGS = ["k3deploy"]
 
 
 def deployments(
-    config: str, cron: str = NIGHTLY_CRON, timezone: str = "UTC", where: Path | None = None, runs: Path | None = None
+    config: str,
+    cron: str = NIGHTLY_CRON,
+    timezone: str = "UTC",
+    where: Path | None = None,
+    runs: Path | None = None,
+    cluster: str = "",
 ) -> list[RunnerDeployment]:
     """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), bisect, teardown.
 
     A process worker runs each flow in a scratch folder: the runs start in `where` (relative paths of the
     config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
+    With `cluster`, every name ends in `-<cluster>` and carries its tag: one server holds a fleet's.
     """
     where = (where or Path.cwd()).resolve()
     runs = (runs or runs_dir()).resolve()
@@ -48,7 +54,7 @@ def deployments(
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
     out = [
         validate.to_deployment(
-            "nightly",
+            NIGHTLY,
             schedules=[Cron(cron, timezone=timezone)],
             parameters={"config": config},
             description=f"The whole pipeline every night ({cron}, {timezone}): record, report, comparison.",
@@ -98,7 +104,12 @@ def deployments(
             **common,
         )
     )
-    return cast("list[RunnerDeployment]", out)
+    made = cast("list[RunnerDeployment]", out)
+    if cluster:
+        for deployment in made:
+            deployment.name = f"{deployment.name}-{cluster}"
+            deployment.tags = [*deployment.tags, f"cluster:{cluster}"]
+    return made
 
 
 def ensure_pool(name: str = POOL) -> None:
@@ -115,9 +126,14 @@ def ensure_pool(name: str = POOL) -> None:
 
 
 def apply(
-    config: str, pool: str = POOL, cron: str = NIGHTLY_CRON, timezone: str = "UTC", runs: Path | None = None
+    config: str,
+    pool: str = POOL,
+    cron: str = NIGHTLY_CRON,
+    timezone: str = "UTC",
+    runs: Path | None = None,
+    cluster: str = "",
 ) -> dict[str, UUID]:
     """Create or update the pool and every deployment; deployment name → id."""
     ensure_pool(pool)
-    made = deployments(config, cron, timezone, runs=runs)
+    made = deployments(config, cron, timezone, runs=runs, cluster=cluster)
     return {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}

@@ -16,13 +16,15 @@ from typing import Any
 
 from prefect import flow, runtime
 from prefect.logging import get_run_logger
+from prefect.settings import PREFECT_UI_URL
 
+from k3deploy.alerts import alert_message, alert_verdict, send_alert, wanted
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
-from k3deploy.cluster_lock import hold_cluster
+from k3deploy.cluster_lock import cluster_label, hold_cluster
 from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions, select
-from k3deploy.record import build_record
+from k3deploy.record import RunRecord, build_record
 from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.run_report import record_run, write_report
@@ -34,6 +36,7 @@ StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FI
 # Plain controls in the UI's form (a multi-select, a dropdown): no `| None`, which the form shows as a type switch.
 FROM_THE_START = StageName("preflight")
 
+NIGHTLY = "nightly"  # the scheduled deployment (deployments/definitions.py): its bad runs alert
 # Called as (stage, result or None when it starts): how the CLI shows progress of an in-process run.
 LISTENERS: list[Callable[[str, StageResult | None], None]] = []
 
@@ -120,11 +123,29 @@ def validate(
         record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
         path = record_run(record)
     report = write_report(record, bench.baseline_run)
+    alert(cfg, record, report)
     get_run_logger().info("run record: %s; report: %s", path, report["report"])
     failed = _first_failure(results)
     if failed is not None:
         raise ValidateFailed(f"validate failed at {failed.stage}: {failed.reason or failed.summary}")
     return {"run_id": run_id, "verdict": record.verdict, "record": path, **report}
+
+
+def is_nightly(deployment_name: str | None) -> bool:
+    """The scheduled deployment, one cluster's (`nightly`) or a fleet's (`nightly-<cluster>`)."""
+    return deployment_name is not None and (deployment_name == NIGHTLY or deployment_name.startswith(f"{NIGHTLY}-"))
+
+
+def alert(cfg: DeploymentConfig, record: RunRecord, report: dict[str, str]) -> None:
+    """Tell the webhook of a bad nightly run (of any run with alerts.every_run); a failed POST fails only
+    the alert task, never the run's verdict."""
+    verdict = alert_verdict(record, report.get("comparison"))
+    if not wanted(cfg.alerts, verdict, nightly=is_nightly(runtime.deployment.name)):
+        return
+    ui = PREFECT_UI_URL.value()
+    link = f"{ui.rstrip('/')}/runs/flow-run/{record.run_id}" if ui else None
+    message = alert_message(record, report.get("comparison"), cluster_label(cfg.cluster), report["report"], link)
+    send_alert(cfg.alerts, message, return_state=True)
 
 
 def run_stages(

@@ -467,6 +467,13 @@ def deploy(
     cron: Annotated[str, typer.Option("--cron", help="When the nightly validate runs.")] = "30 1 * * *",
     timezone: Annotated[str, typer.Option("--timezone", help="The cron's time zone (IANA name).")] = "UTC",
     runs_dir: RunsDir = None,
+    per_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--per-cluster",
+            help="Name the deployments after the config's cluster (nightly-<cluster>, …): one server, a fleet.",
+        ),
+    ] = False,
 ) -> None:
     """Create or update the work pool and the deployments: nightly, validate, stage-<name>, teardown.
 
@@ -479,9 +486,12 @@ def deploy(
         source = str(Path(source).resolve())
         _config(Path(source))
     with _prefect() as info:
+        from k3deploy.blocks.source import resolve_config
+        from k3deploy.cluster_lock import cluster_label
         from k3deploy.deployments.definitions import apply
 
-        created = apply(source, pool, cron, timezone)
+        cluster = cluster_label(resolve_config(source).cluster) if per_cluster else ""
+        created = apply(source, pool, cron, timezone, cluster=cluster)
     for name, deployment_id in created.items():
         out.print(f"{name}: {info.ui}/deployments/deployment/{deployment_id}", soft_wrap=True)
     out.print(f"start a worker: PREFECT_API_URL={info.url} prefect worker start --pool {pool}", soft_wrap=True)

@@ -204,3 +204,7 @@ class TeardownFailed(StageFailed):
 
 class ValidateFailed(K3DeployError):
     """The validate run failed; the message names the first stage that failed."""
+
+
+class AlertNotSent(K3DeployError):
+    """The alert webhook did not take a run's message; the run's verdict stands (only the alert task fails)."""

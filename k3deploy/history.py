@@ -50,7 +50,8 @@ FAMILY_KEYS = (
     "bench.random_output_len",
     "bench.num_prompts",
 )
-IGNORED_KEYS = ("cluster.ssh", "image.registry", "models.hub_token")  # credentials and how we log in
+# credentials, how we log in, who is told of a run
+IGNORED_KEYS = ("cluster.ssh", "image.registry", "models.hub_token", "alerts")
 
 
 class RegressionVerdict(StrEnum):

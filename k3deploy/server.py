@@ -89,6 +89,9 @@ def start(say: Callable[[str], None]) -> ServerInfo:
         "PREFECT_HOME": str(folder / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_URL": url,
+        # The UI's pages call the API at this URL (Prefect's default is port 4200 whatever port it serves on):
+        # without it, a server on another port shows empty pages, or another server's runs.
+        "PREFECT_UI_API_URL": url,
     }
     say(f"starting a local Prefect server at {url.removesuffix('/api')} (once; `k3deploy server stop` stops it)")
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["testbed.pytest_plugin", "tests.launchbed"]
+pytest_plugins = ["testbed.pytest_plugin", "tests.launchbed", "tests.prefect_worker", "tests.postgres"]
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
@@ -26,13 +23,12 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
 from prefect.states import Cancelling
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.cluster_lock import lock_name
-from k3deploy.deployments.definitions import apply, ensure_pool
+from k3deploy.deployments.definitions import apply
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
 from k3deploy.record import read_record
@@ -62,37 +58,6 @@ def task_runs(run_id: UUID) -> list[tuple[str, str]]:
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
     return [(r.name, r.state.name) for r in sorted(runs, key=lambda r: r.expected_start_time)]
-
-
-@pytest.fixture
-def worker(prefect_server: Path, tmp_path: Path) -> Iterator[str]:
-    """A real `prefect worker start` on a fresh process pool; its flow runs write to this test's runs store."""
-    pool = f"k3d-test-{uuid4().hex[:6]}"
-    ensure_pool(pool)
-    env = os.environ | {
-        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-        "PREFECT_LOCAL_STORAGE_PATH": str(PREFECT_LOCAL_STORAGE_PATH.value()),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "DO_NOT_TRACK": "1",
-    }
-    log = (tmp_path / "worker.log").open("w")
-    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    (tmp_path / "worker.pid").write_text(str(proc.pid))  # for the test that kills it
-    yield pool
-    stop_worker(proc)
-    log.close()
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM as a service manager sends it, then SIGINT, then SIGKILL, each given 30 s: prefect 3.9.1's
-    worker forwards the SIGTERM to itself as a SIGINT and, seen here, keeps running until a second signal."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-            return
 
 
 def gated_standin(tmp_path: Path, **cluster: Any) -> str:

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "record",
         (
+            "k3deploy.alerts",
             "k3deploy.charts",
             "k3deploy.record",
             "k3deploy.history",
