@@ -25,6 +25,7 @@ from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import NIGHTLY, validate
 from k3deploy.paths import runs_dir
+from k3deploy.tasks.transport.sftp_store import shared_store
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
@@ -41,16 +42,19 @@ def deployments(
     where: Path | None = None,
     runs: Path | None = None,
     cluster: str = "",
+    shared: bool = False,
 ) -> list[RunnerDeployment]:
     """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), bisect, teardown.
 
     A process worker runs each flow in a scratch folder: the runs start in `where` (relative paths of the
     config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
-    With `cluster`, every name ends in `-<cluster>` and carries its tag: one server holds a fleet's.
+    With `cluster`, every name ends in `-<cluster>` and carries its tag: one server holds a fleet's. With
+    `shared` (the server has a shared store) no runs folder is pinned: each worker host keeps its own (its
+    K3DEPLOY_RUNS_DIR), and the store joins them.
     """
     where = (where or Path.cwd()).resolve()
-    runs = (runs or runs_dir()).resolve()
-    job = {"working_dir": str(where), "env": {"K3DEPLOY_RUNS_DIR": str(runs)}}
+    env = {} if shared else {"K3DEPLOY_RUNS_DIR": str((runs or runs_dir()).resolve())}
+    job = {"working_dir": str(where), "env": env}
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
     out = [
         validate.to_deployment(
@@ -135,5 +139,5 @@ def apply(
 ) -> dict[str, UUID]:
     """Create or update the pool and every deployment; deployment name → id."""
     ensure_pool(pool)
-    made = deployments(config, cron, timezone, runs=runs, cluster=cluster)
+    made = deployments(config, cron, timezone, runs=runs, cluster=cluster, shared=shared_store() is not None)
     return {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}

@@ -29,7 +29,7 @@ from k3deploy.run_abort import serving, teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.run_report import record_run, write_report
 from k3deploy.stage import StageResult, Verdict, held, now
-from k3deploy.tasks.stage_cache import passed_stage, stage_inputs_key
+from k3deploy.tasks.stage_cache import stage_inputs_key, stage_task
 from k3deploy.tasks.stage_run import error_cause
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
@@ -55,7 +55,7 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     try:
         if stage.cached:
             key = stage_inputs_key(stage, cfg, options, run_id)
-            state = passed_stage(stage.name, stage.load(), cfg, chosen, key, return_state=True)
+            state = stage_task()(stage.name, stage.load(), cfg, chosen, key, return_state=True)
             result = state.result()
             reused = state.name == "Cached"
             if reused:

@@ -21,6 +21,7 @@ import click
 import typer
 from rich.console import Console
 
+from k3deploy.cli_store import store_app
 from k3deploy.errors import ConfigError, K3DeployError, StageFailed
 from k3deploy.flows.registry import StageOptions
 
@@ -39,6 +40,7 @@ server_app = typer.Typer(help="The local Prefect server k3deploy starts when PRE
 app.add_typer(server_app, name="server")
 cluster_app = typer.Typer(help="Who holds a cluster (one run at a time), and freeing a dead run's hold.")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(store_app, name="store")
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -140,6 +142,15 @@ def _source(source: Path) -> str:
 def _set_runs_dir(runs_dir: Path | None) -> None:
     if runs_dir is not None:
         os.environ["K3DEPLOY_RUNS_DIR"] = str(runs_dir)
+
+
+def _pull_shared_runs() -> None:
+    """With a server (PREFECT_API_URL) that has a shared store, its runs first: every worker's, from any host."""
+    from k3deploy.run_report import pull_shared_runs
+
+    said = pull_shared_runs()
+    if said:
+        err.print(f"runs store: {said}", soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -489,11 +500,16 @@ def deploy(
         from k3deploy.blocks.source import resolve_config
         from k3deploy.cluster_lock import cluster_label
         from k3deploy.deployments.definitions import apply
+        from k3deploy.tasks.transport.sftp_store import shared_store
 
         cluster = cluster_label(resolve_config(source).cluster) if per_cluster else ""
         created = apply(source, pool, cron, timezone, cluster=cluster)
+        store = shared_store()
     for name, deployment_id in created.items():
         out.print(f"{name}: {info.ui}/deployments/deployment/{deployment_id}", soft_wrap=True)
+    if store is not None:
+        out.print(f"shared store {store.where()}: stage results and runs of every worker; each worker keeps its "
+                  "own runs folder ($K3DEPLOY_RUNS_DIR)", soft_wrap=True)  # fmt: skip
     out.print(f"start a worker: PREFECT_API_URL={info.url} prefect worker start --pool {pool}", soft_wrap=True)
 
 
@@ -511,6 +527,7 @@ def runs(runs_dir: RunsDir = None) -> None:
     from k3deploy.record import scan_records
 
     _set_runs_dir(runs_dir)
+    _pull_shared_runs()
     scan = scan_records()
     if scan.records:
         out.print(runs_table(scan.records))
@@ -543,6 +560,7 @@ def report(
     from k3deploy.record import read_record
 
     _set_runs_dir(runs_dir)
+    _pull_shared_runs()
     record = read_record(run_id)
     if not compare:
         if fmt is Format.json:

@@ -1,7 +1,8 @@
 """The report of a run, written beside its record and published: Markdown artifact, HTML file, link.
 
-The comparison reads the runs store (`$K3DEPLOY_RUNS_DIR`): workers on several hosts must share it,
-as they share Prefect's result storage, for history and reruns to see every run.
+The comparison reads the runs store (`$K3DEPLOY_RUNS_DIR`). With a shared store on the server (a fleet's
+workers on several hosts), the records and reports of every worker's runs are brought in first and this
+run's folder is sent there after, so history, `k3deploy runs` and `report --compare` see every run.
 """
 
 from __future__ import annotations
@@ -20,9 +21,29 @@ from k3deploy.history import Comparison, RegressionVerdict, compare
 from k3deploy.paths import runs_dir
 from k3deploy.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.report import html_page, markdown
+from k3deploy.tasks.transport.sftp_store import RUNS, StoreError, pull_files, push_folder, shared_store
 
 HISTORY_RUNS = 10
 REPORT_HTML, REPORT_MD, COMPARISON = "report.html", "report.md", "comparison.json"
+SHARED_FILES = (RECORD_NAME, REPORT_MD, REPORT_HTML, COMPARISON)  # what other hosts read of a run
+
+
+def pull_shared_runs() -> str | None:
+    """Other workers' records and reports from the server's shared store into the runs store; None: no store."""
+    store = shared_store()
+    if store is None:
+        return None
+    fetched = pull_files(store, RUNS, SHARED_FILES, runs_dir())
+    return f"{len(fetched)} new or newer files from the shared store {store.where()}"
+
+
+def push_shared_run(run_id: str) -> str | None:
+    """This run's folder (record, reports, logs) into the shared store; None: no store."""
+    store = shared_store()
+    if store is None:
+        return None
+    sent = push_folder(store, runs_dir() / run_id, f"{RUNS}/{run_id}")
+    return f"{sent} files of run {run_id} to the shared store {store.where()}"
 
 
 def render_report(
@@ -64,6 +85,13 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
     """Compare with the history, write the report files, publish the Markdown and a link to the HTML."""
     logger = get_run_logger()
     try:
+        pulled = pull_shared_runs()
+    except StoreError as err:  # the history is this worker's only: the report says what it was judged on
+        pulled = f"history of this worker only: {err}"
+        logger.warning(pulled)
+    if pulled:
+        logger.info("runs store: %s", pulled)
+    try:
         comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, baseline_run)
     except K3DeployError as err:  # e.g. an unknown baseline run: the report says so, the run stands
         logger.warning("report without the baseline run: %s", err)
@@ -75,6 +103,13 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
     logger.info("regression verdict %s over %d earlier runs", comparison.verdict.value, len(comparison.history_runs))
     for unreadable in comparison.unreadable:
         logger.warning("history leaves out an unreadable record: %s", unreadable)
+    try:
+        pushed = push_shared_run(record.run_id)
+    except StoreError as err:
+        pushed = None
+        logger.warning("run %s is on this worker only, not in the shared store: %s", record.run_id, err)
+    if pushed:
+        logger.info("runs store: %s", pushed)
     return {"report": links["HTML report"], "comparison": comparison.verdict.value}
 
 

@@ -2,7 +2,8 @@
 
 On the UI's Retry of a failed validate run (the same flow run), or `k3deploy rerun RUN_ID`, the task
 is a cache hit and the stage does not run again unless those inputs changed; a failure raises and
-is never cached.
+is never cached. With a shared store on the server, results are kept there, so a Retry picked up by
+another worker finds them too.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from prefect import task
+from prefect import Task, task
 from prefect.context import TaskRunContext
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.stage import StageResult
+from k3deploy.tasks.transport.sftp_store import shared_store
 
 
 class CachedStage(Protocol):
@@ -70,3 +72,12 @@ def passed_stage(
 ) -> StageResult:
     """The stage's flow as a subflow inside a task whose result persists only when it passed."""
     return stage_flow(config=cfg, **options)
+
+
+PassedStage = Task[[str, Callable[..., StageResult], DeploymentConfig, dict[str, Any], str], StageResult]
+
+
+def stage_task() -> PassedStage:
+    """passed_stage, its results in the server's shared store when it has one, else in this host's storage."""
+    store = shared_store()
+    return passed_stage if store is None else passed_stage.with_options(result_storage=store)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
@@ -46,3 +46,14 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=30)
             return
+
+
+def processes_of(run_id: UUID) -> list[int]:
+    """Pids of the processes executing a flow run (the worker gives each its run id in the environment)."""
+    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+    return pids

@@ -36,6 +36,7 @@ from k3deploy.rerun import retry
 from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.prefect_runs import finished, flow_run, logged, wait_for
+from tests.prefect_worker import processes_of
 from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
@@ -103,17 +104,6 @@ def cancel(run_id: UUID) -> None:
     """As the UI's Cancel does: the run goes Cancelling; its worker kills it and runs its hooks."""
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Cancelling(), force=True)
-
-
-def processes_of(run_id: UUID) -> list[int]:
-    """Pids of the processes executing a flow run (the worker gives each its run id in the environment)."""
-    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
-    pids = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        with contextlib.suppress(OSError):
-            if marker in environ.read_bytes().split(b"\0"):
-                pids.append(int(environ.parent.name))
-    return pids
 
 
 def holder(config: str) -> str | None:

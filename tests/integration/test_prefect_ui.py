@@ -19,6 +19,7 @@ from uuid import UUID, uuid4
 
 import httpx
 import pytest
+from PIL import Image
 from prefect import get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
@@ -35,6 +36,8 @@ from tests.prefect_runs import finished, wait_for
 from tests.prefect_worker import stop_worker
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
+
+ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -119,7 +122,12 @@ def test_validate_run_form_in_chromium_starts_a_run_that_a_worker_completes(ui_s
         expect(page.get_by_role("option", name="launch")).to_have_class(re.compile("p-select-option--selected"))
         page.keyboard.press("Escape")
         expect(stages).to_have_attribute("modelvalue", "launch", timeout=FORM_TIMEOUT_MS)  # the form's value
-        page.screenshot(path=str(tmp_path / "validate-form.png"), full_page=True)
+        # kept for a person (test-artifacts/, gitignored): the filled form as the user sees it
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "prefect-ui-validate-form.png"
+        shot.unlink(missing_ok=True)
+        page.screenshot(path=str(shot), full_page=True)
+        assert len(Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20  # drawn, not blank
 
         page.get_by_role("button", name="Submit").click()
         # the UI goes back to the deployment's page once the server has the new flow run

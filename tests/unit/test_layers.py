@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "k3deploy.cli",
             "k3deploy.cli_output",
+            "k3deploy.cli_store",
             "k3deploy.rerun",
             "k3deploy.server",
             "k3deploy.run_log",

@@ -1,0 +1,214 @@
+"""The fleet's shared store: a folder on a host, reached over SFTP with a pinned host key.
+
+Workers on several hosts keep in it what later runs need: Prefect's results of the stages that passed
+(so a Retry picked up by another worker skips them) and the runs store's records and reports (so
+`k3deploy runs`, `report --compare` and every run's history see the runs of every worker). It is a
+Prefect block saved on the server (`k3deploy store set`): whoever may use the server may use the store,
+with no second secret in parameters or logs. fsspec's SFTP trusts any host key; this one never does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import io
+import os
+import posixpath
+import stat
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from prefect._internal.compatibility.async_dispatch import async_dispatch
+from prefect.filesystems import WritableFileSystem
+from prefect.settings import PREFECT_API_URL
+from pydantic import ConfigDict, Field, SecretStr, field_validator
+
+from k3deploy.blocks._types import AbsPath, HostAddress, Name
+from k3deploy.errors import K3DeployError
+from k3deploy.tasks.transport.ssh import host_key_entry, load_private_key
+
+STORE_NAME = "shared"  # the one store of a server: `k3deploy-sftp-store/shared`
+RUNS = "runs"  # the runs store's folder in the store; Prefect's results sit beside it, one file per key
+_HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+
+
+class StoreError(K3DeployError):
+    """The shared store cannot be reached, refused us, or lacks a file; names the store, never its key."""
+
+
+class SftpStore(WritableFileSystem):
+    """A folder on an SSH host that every worker and every user's CLI reach the same way."""
+
+    model_config = ConfigDict(extra="forbid")
+    _block_type_name = "k3deploy sftp store"
+    _description = "The fleet's shared results and runs store: a folder on an SSH host, host key pinned."
+
+    host: HostAddress = Field(description="The store's host: an IP address or DNS name every worker reaches.")
+    port: int = Field(default=22, ge=1, le=65535, description="Its SSH port.")
+    user: Name = Field(description="The SSH user that owns the store's folder.")
+    path: AbsPath = Field(description="The store's folder on that host (absolute); made on first write.")
+    host_key: str = Field(
+        description="The host's public key as known_hosts has it after the name: `ssh-ed25519 AAAA…`. "
+        "Pinned: a host that shows another key is refused."
+    )
+    private_key: SecretStr = Field(description="The SSH private key (unencrypted). Secret: never in a log or record.")
+
+    @field_validator("host_key")
+    @classmethod
+    def _public_key(cls, value: str) -> str:
+        parse_host_key(value)
+        return value
+
+    def where(self) -> str:
+        """The store as a person reads it: never the key."""
+        return f"sftp://{self.user}@{self.host}:{self.port}{self.path}"
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[paramiko.SFTPClient]:
+        """One SSH connection, its host key checked against the pinned one, for several transfers."""
+        client = paramiko.SSHClient()
+        kind, key = parse_host_key(self.host_key)
+        client.get_host_keys().add(host_key_entry(self.host, self.port), kind, key)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            client.connect(self.host, port=self.port, username=self.user, pkey=load_private_key(self.private_key),
+                           timeout=10, allow_agent=False, look_for_keys=False)  # fmt: skip
+        except paramiko.BadHostKeyException:
+            client.close()
+            raise StoreError(f"store {self.where()}: the host showed another key than the pinned one") from None
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            client.close()
+            raise StoreError(f"store {self.where()}: cannot connect: {err}") from None
+        try:
+            yield client.open_sftp()
+        finally:
+            client.close()
+
+    def full(self, key: str) -> str:
+        """A key's path in the store; a key never leaves the store's folder."""
+        path = posixpath.normpath(posixpath.join(self.path, key))
+        if not (path + "/").startswith(self.path.rstrip("/") + "/") or path == self.path.rstrip("/"):
+            raise StoreError(f"store {self.where()}: {key!r} is not a path inside the store")
+        return path
+
+    async def aread_path(self, path: str) -> bytes:
+        return await asyncio.to_thread(self._read, path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:  # type: ignore[override]  # Prefect's own blocks dispatch the same way
+        """One file's bytes; Prefect's result store reads a missing key as a cache miss."""
+        return self._read(path)
+
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return await asyncio.to_thread(self._write, path, content)
+
+    @async_dispatch(awrite_path)
+    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]
+        """Written whole or not at all (a temporary name, then renamed), parents made."""
+        return self._write(path, content)
+
+    def _read(self, path: str) -> bytes:
+        with self.session() as sftp:
+            return read_file(sftp, self.full(path))
+
+    def _write(self, path: str, content: bytes) -> str:
+        with self.session() as sftp:
+            write_file(sftp, self.full(path), content)
+        return path
+
+
+def parse_host_key(line: str) -> tuple[str, paramiko.PKey]:
+    """`ssh-ed25519 AAAA… [comment]` as paramiko's key; a clear error for anything else."""
+    parts = line.split()
+    if len(parts) < 2 or parts[0] not in _HOST_KEY_TYPES:
+        raise ValueError(f"must be a public key line such as 'ssh-ed25519 AAAA…', one of {', '.join(_HOST_KEY_TYPES)}")
+    try:
+        return parts[0], paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1], validate=True))
+    except (binascii.Error, paramiko.SSHException, ValueError) as err:
+        raise ValueError(f"not a readable {parts[0]} key: {err}") from None
+
+
+def read_file(sftp: paramiko.SFTPClient, path: str) -> bytes:
+    try:
+        with sftp.open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is not in the store") from None
+
+
+def write_file(sftp: paramiko.SFTPClient, path: str, content: bytes) -> None:
+    make_dirs(sftp, posixpath.dirname(path))
+    part = f"{path}.part-{uuid.uuid4().hex[:8]}"
+    sftp.putfo(io.BytesIO(content), part)
+    sftp.posix_rename(part, path)
+
+
+def make_dirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    missing: list[str] = []
+    while path not in ("", "/"):
+        try:
+            sftp.stat(path)
+            break
+        except FileNotFoundError:
+            missing.append(path)
+            path = posixpath.dirname(path)
+    for folder in reversed(missing):
+        with contextlib.suppress(OSError):  # made meanwhile by another worker
+            sftp.mkdir(folder)
+
+
+def listing(sftp: paramiko.SFTPClient, path: str) -> dict[str, paramiko.SFTPAttributes]:
+    """A folder's entries by name; an absent folder is empty."""
+    try:
+        return {a.filename: a for a in sftp.listdir_attr(path)}
+    except FileNotFoundError:
+        return {}
+
+
+def push_folder(store: SftpStore, local: Path, key: str) -> int:
+    """Copy a local folder's files into the store under `key` (replacing same-named files, keeping their
+    modification times); files sent."""
+    sent = 0
+    with store.session() as sftp:
+        for file in sorted(p for p in local.rglob("*") if p.is_file()):
+            path, mtime = store.full(f"{key}/{file.relative_to(local).as_posix()}"), int(file.stat().st_mtime)
+            write_file(sftp, path, file.read_bytes())
+            sftp.utime(path, (mtime, mtime))  # when the worker wrote it: what a pull compares
+            sent += 1
+    return sent
+
+
+def pull_files(store: SftpStore, key: str, names: tuple[str, ...], local_root: Path) -> list[str]:
+    """For each folder under `key`: its files of these names into local_root/<folder>/ where the store's copy
+    is newer than ours or we have none (a record rewritten by a Retry elsewhere comes again); folders fetched."""
+    fetched: list[str] = []
+    with store.session() as sftp:
+        for folder, attrs in sorted(listing(sftp, store.full(key)).items()):
+            if not stat.S_ISDIR(attrs.st_mode or 0):
+                continue
+            present = listing(sftp, store.full(f"{key}/{folder}"))
+            for name in (n for n in names if n in present):
+                target, mtime = local_root / folder / name, present[name].st_mtime or 0
+                if target.exists() and target.stat().st_mtime >= mtime:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(read_file(sftp, store.full(f"{key}/{folder}/{name}")))
+                os.utime(target, (mtime, mtime))
+                fetched.append(f"{folder}/{name}")
+    return fetched
+
+
+def shared_store() -> SftpStore | None:
+    """The server's shared store, None when there is no server or it has none (one host: the local disk)."""
+    if not PREFECT_API_URL.value():
+        return None
+    try:
+        loaded: Any = SftpStore.load(STORE_NAME, validate=True)
+    except ValueError:  # Prefect's "Unable to find block document named shared"
+        return None
+    return loaded if isinstance(loaded, SftpStore) else None

@@ -1,0 +1,311 @@
+"""The production layout on the test bed: a Prefect server backed by PostgreSQL on the bed's bridge, process
+workers in two bed hosts' network namespaces (each with its own disk: PREFECT_HOME, runs store), the fleet's
+shared store on a third bed host over SFTP, two clusters of two bed nodes each.
+
+What it shows, in order: a run on worker A passes and another fails at launch (only A is up); a nightly run
+holding cluster a dies with worker A (SIGKILL); worker B picks up the UI's Retry of the failed run, takes the
+dead run's hold within the stated bound, skips the stage that passed on A (its result is in the shared store,
+B's own disk has none) and judges itself against A's run; with A back, both clusters' nightly runs proceed
+at once and a second run on cluster a waits; a laptop (a fourth namespace, an empty runs store, only the
+server's URL) lists and compares the runs of both workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import httpx
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.states import AwaitingRetry
+from prefect.variables import Variable
+
+from k3deploy.blocks.loader import load_config
+from k3deploy.cluster_lock import lock_name
+from k3deploy.deployments.definitions import apply, ensure_pool
+from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_file, shared_store
+from tests.bedconfig import write_config
+from tests.launchbed import control, launch_data
+from tests.postgres import needs_postgres
+from tests.prefect_runs import finished, logged, wait_for
+from tests.prefect_worker import processes_of, stop_worker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
+              pytest.mark.usefixtures("runs_dir")]  # fmt: skip
+TAKEOVER_BOUND_S = 64  # README: a waiting run takes a dead holder's cluster at most 64 s after it first sees it
+LOG_SLACK_S = 15  # the run's own log lines reach the server in batches
+
+
+def run_with_env(
+    command: list[str], netns: str, env: dict[str, str], **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", netns, *command], env=env, capture_output=True, text=True,
+                          timeout=300, check=False, **kwargs)  # fmt: skip
+
+
+@pytest.fixture
+def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[str]:
+    """`prefect server start --host <bridge>` on PostgreSQL, as the README's production section runs it."""
+    bridge = testbed.state.bridge["ip"]
+    with socket.socket() as probe:
+        probe.bind((bridge, 0))
+        port = probe.getsockname()[1]
+    url = f"http://{bridge}:{port}/api"
+    env = os.environ | {
+        "PREFECT_HOME": str(tmp_path / "server-home"),
+        "PREFECT_API_DATABASE_CONNECTION_URL": postgres,
+        "PREFECT_UI_API_URL": url,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }
+    log = (tmp_path / "server.log").open("w")
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", bridge, "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        return False
+
+    try:
+        wait_for("the PostgreSQL-backed server", healthy, timeout=180)
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield url
+    finally:
+        stop_worker(proc)
+        log.close()
+
+
+class Fleet:
+    """Workers and a laptop, each in a bed host's network namespace with a disk of its own."""
+
+    def __init__(self, url: str, pool: str, tmp_path: Path) -> None:
+        self.url, self.pool, self.tmp = url, pool, tmp_path
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def env(self, name: str) -> dict[str, str]:
+        home = self.tmp / name
+        (home / "prefect").mkdir(parents=True, exist_ok=True)
+        return os.environ | {
+            "PREFECT_API_URL": self.url,
+            "PREFECT_HOME": str(home / "prefect"),
+            "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
+            "K3DEPLOY_RUNS_DIR": str(home / "runs"),
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+
+    def start(self, name: str, netns: str) -> None:
+        log = (self.tmp / f"{name}.log").open("a")
+        command = ["ip", "netns", "exec", netns, sys.executable, "-m", "prefect", "worker", "start", "--pool",
+                   self.pool, "--type", "process", "--name", name]  # fmt: skip
+        self.procs[name] = subprocess.Popen(command, env=self.env(name), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        log.close()
+
+    def kill(self, name: str, run_ids: list[UUID]) -> None:
+        """SIGKILL to the worker and to the flow runs it executes: nothing of theirs can run a hook."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        for run_id in run_ids:
+            for pid in processes_of(run_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        wait_for("the killed runs' processes to be gone", lambda: not any(processes_of(r) for r in run_ids), 60)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            stop_worker(proc)
+
+    def runs_dir(self, name: str) -> Path:
+        return self.tmp / name / "runs"
+
+
+def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str]) -> str:
+    data = launch_data(testbed, hosts=nodes)
+    data["cluster"]["name"] = f"{name}-{uuid4().hex[:6]}"
+    data["serve"]["readiness"]["timeout_s"] = 900  # a gated start-up holds the cluster until the test opens it
+    return write_config(tmp_path / f"{name}.yaml", data)
+
+
+def holder(config: str) -> str | None:
+    value = Variable.get(lock_name(load_config(config).cluster), default=None)
+    return value.get("run_id") if isinstance(value, dict) else None
+
+
+def gate(bed_nodes, nodes: list[str], closed: bool) -> None:
+    """A closed gate keeps the stand-in starting up (an hour); opened, it is ready in half a second."""
+    for node in nodes:
+        control(bed_nodes, node, **({"K3SIM_STARTUP_S": 3600} if closed else {}))
+
+
+def submit(deployment: str, **parameters: Any) -> UUID:
+    return run_deployment(deployment, parameters=parameters, timeout=0).id
+
+
+def subflows(run_id: UUID) -> dict[str, list[Any]]:
+    """Stage name → its subflow runs under this run, oldest first."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id]))
+        )
+        names = {r.flow_id: client.read_flow(r.flow_id).name for r in runs}
+    out: dict[str, list[Any]] = {}
+    for r in sorted(runs, key=lambda r: r.created):
+        out.setdefault(names[r.flow_id], []).append(r)
+    return out
+
+
+def stage_tasks(run_id: UUID, stage: str) -> list[tuple[str, str]]:
+    """(state type, state name) of the stage's cached-stage task runs under this run, oldest first."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    return [(r.state.type.value, r.state.name) for r in sorted(runs, key=lambda r: r.created)
+            if r.name == stage and r.state is not None]  # fmt: skip
+
+
+def log_time(run_id: UUID, text: str) -> datetime:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    return min(log.timestamp for log in logs if text in log.message)
+
+
+def in_store(store: SftpStore, run_id: UUID) -> dict[str, Any]:
+    """The record and comparison of a run as the shared store holds them."""
+    with store.session() as sftp:
+        folder = store.full(f"{RUNS}/{run_id}")
+        names = set(listing(sftp, folder))
+        assert {"record.json", "report.html", "comparison.json"} <= names, names
+        return {n: json.loads(read_file(sftp, f"{folder}/{n}")) for n in ("record.json", "comparison.json")}
+
+
+@pytest.fixture
+def fleet(fleet_server: str, testbed, tmp_path: Path) -> Iterator[Fleet]:
+    pool = f"k3d-fleet-{uuid4().hex[:6]}"
+    ensure_pool(pool)
+    crew = Fleet(fleet_server, pool, tmp_path)
+    yield crew
+    crew.stop_all()
+
+
+@pytest.fixture
+def store_folder(testbed) -> Iterator[tuple[Any, str]]:
+    host, folder = testbed.hosts[3], f"/srv/k3d-store-{uuid4().hex[:6]}"
+    yield host, folder
+    testbed.ssh(host, f"rm -rf {folder}")
+
+
+def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_workers(
+    fleet: Fleet, store_folder, testbed, bed_nodes, tmp_path
+):
+    hosts = testbed.hosts
+    ns_a, ns_b, ns_laptop = hosts[0].netns, hosts[2].netns, hosts[1].netns
+    store_host, folder = store_folder
+    saved = run_with_env([sys.executable, "-m", "k3deploy", "store", "set",
+                          f"sftp://{store_host.user}@{store_host.ip}:{store_host.port}{folder}",
+                          "--key-file", str(testbed.key), "--known-hosts", str(testbed.known_hosts)],
+                         ns_laptop, fleet.env("admin"))  # fmt: skip
+    assert saved.returncode == 0, saved.stderr
+    assert f"shared store sftp://{store_host.user}@{store_host.ip}:{store_host.port}{folder}" in saved.stdout
+    store = shared_store()
+    assert store is not None and store.path == folder
+
+    nodes_a, nodes_b = ["node0", "node1"], ["node2", "node3"]
+    a, b = cluster_config(testbed, tmp_path, "fleet-a", nodes_a), cluster_config(testbed, tmp_path, "fleet-b", nodes_b)
+    apply(a, fleet.pool, cluster="fleet-a")
+    apply(b, fleet.pool, cluster="fleet-b")
+
+    # Only worker A is up: one run passes, one fails at launch (node1's server dies as it starts).
+    fleet.start("worker-a", ns_a)
+    passed = submit("validate/validate-fleet-a", only=["launch"])
+    assert finished(passed, timeout=600).state.type is StateType.COMPLETED
+    control(bed_nodes, "node1", K3SIM_STARTUP_S=600, K3SIM_DIE_AFTER_S=1, K3SIM_DIE_EXIT_CODE=0)
+    failed = submit("validate/validate-fleet-a", only=["image", "launch"])
+    assert finished(failed, timeout=600).state.type is StateType.FAILED
+    assert in_store(store, failed)["record.json"]["failed_stage"] == "launch"
+    assert [kind for kind, _ in stage_tasks(failed, "image")] == ["COMPLETED"]  # named RolledBack: the run failed
+    control(bed_nodes, "node1")
+
+    # A nightly run holds cluster a; worker A is SIGKILLed with it: its hold is never released.
+    gate(bed_nodes, nodes_a, closed=True)
+    dead = submit("validate/nightly-fleet-a", only=["launch"])
+    wait_for("the nightly run to hold cluster a", lambda: holder(a) == str(dead), 300)
+    fleet.kill("worker-a", [dead])
+    gate(bed_nodes, nodes_a, closed=False)
+
+    # Worker B (its own disk: no results, no runs) picks up the UI's Retry of the failed run.
+    fleet.start("worker-b", ns_b)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(failed, AwaitingRetry(message="Retry from the UI"), force=True)
+    retried = finished(failed, timeout=900)
+    assert retried.state.type is StateType.COMPLETED, retried.state
+    assert retried.run_count == 2
+    # it waited for the dead run's hold and took it over within the stated bound
+    seen, taken = log_time(failed, "waiting for it"), log_time(failed, "taking over the hold")
+    assert f"({dead})" in logged(failed, "taking over the hold")
+    assert (taken - seen).total_seconds() <= TAKEOVER_BOUND_S + LOG_SLACK_S
+    # the image stage passed on A and was not run again on B: its task run came from the shared store's result
+    tasks = stage_tasks(failed, "image")
+    assert [kind for kind, _ in tasks] == ["COMPLETED"] * 2 and tasks[-1][1] == "Cached", tasks
+    stages = subflows(failed)
+    assert len(stages["image"]) == 1 and stages["image"][0].run_count == 1
+    assert len(stages["launch"]) == 2 and stages["launch"][-1].state.is_completed()
+    assert not list((fleet.tmp / "worker-b" / "prefect" / "storage").glob("k3deploy-stage-*"))
+    # judged on B against the run A made (B's runs store had it only through the shared store)
+    shared = in_store(store, failed)
+    assert shared["record.json"]["verdict"] == "pass"
+    assert str(passed) in shared["comparison.json"]["history_runs"]
+    assert (fleet.runs_dir("worker-b") / str(passed) / "record.json").is_file()
+
+    # Both workers up: the two clusters' nightly runs hold their clusters at once; a second run on a waits.
+    fleet.start("worker-a", ns_a)
+    gate(bed_nodes, nodes_a + nodes_b, closed=True)
+    night_a, night_b = submit("validate/nightly-fleet-a", only=["launch"]), submit("validate/nightly-fleet-b",
+                                                                                  only=["launch"])  # fmt: skip
+    wait_for("both clusters held", lambda: (holder(a), holder(b)) == (str(night_a), str(night_b)), 300)
+    second_a = submit("validate/validate-fleet-a", only=["launch"])
+    assert f"({night_a})" in logged(second_a, "waiting for it", timeout=300)
+    gate(bed_nodes, nodes_b, closed=False)
+    assert finished(night_b, timeout=600).state.type is StateType.COMPLETED
+    assert holder(a) == str(night_a)
+    gate(bed_nodes, nodes_a, closed=False)
+    ends = [finished(r, timeout=600) for r in (night_a, second_a)]
+    assert [r.state.type for r in ends] == [StateType.COMPLETED] * 2
+    assert all(r.start_time >= ends[0].end_time for r in subflows(second_a).get("launch", []))
+
+    # A laptop with the server's URL only lists and compares the runs of both workers.
+    laptop = fleet.env("laptop")
+    listed = run_with_env([sys.executable, "-m", "k3deploy", "runs"], ns_laptop, laptop)
+    assert listed.returncode == 0, listed.stderr
+    for run_id in (passed, failed, night_a, night_b, second_a):
+        assert str(run_id)[:8] in listed.stdout, (run_id, listed.stdout)
+    compared = run_with_env([sys.executable, "-m", "k3deploy", "report", str(second_a), "--compare", "--format",
+                             "json"], ns_laptop, laptop)  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    history = json.loads(compared.stdout)["history_runs"]
+    assert {str(passed), str(failed), str(night_a)} <= set(history)  # made on A, on B, on either
+    assert str(night_b) not in history  # another cluster: another config family
+    assert "runs store:" in compared.stderr and store.where() in compared.stderr

@@ -1,0 +1,108 @@
+"""The fleet's shared store against a real sshd (a bed host): pinned host key, whole-file writes, runs pulled
+only when newer, and the key never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+from prefect import flow, task
+
+from k3deploy.cli_store import store_from
+from k3deploy.tasks.transport.sftp_store import STORE_NAME, SftpStore, StoreError, pull_files, push_folder, shared_store
+
+pytestmark = [pytest.mark.testbed, pytest.mark.prefect]
+
+
+@pytest.fixture
+def store(testbed) -> Iterator[SftpStore]:
+    host, folder = testbed.hosts[3], f"/srv/k3d-store-{uuid4().hex[:6]}"
+    yield store_from(f"sftp://{host.user}@{host.ip}:{host.port}{folder}", testbed.key, testbed.known_hosts)
+    testbed.ssh(host, f"rm -rf {folder}")
+
+
+def test_files_round_trip_and_a_missing_one_is_not_found(store):
+    assert store.write_path("results/k3deploy-stage-x", b"\x00result") == "results/k3deploy-stage-x"
+    assert store.read_path("results/k3deploy-stage-x") == b"\x00result"
+    with pytest.raises(FileNotFoundError, match="not in the store"):
+        store.read_path("results/none")  # Prefect's result store reads this as a cache miss
+    with pytest.raises(StoreError, match="not a path inside the store"):
+        store.write_path("../escape", b"x")
+
+
+def test_a_host_showing_another_key_is_refused(store, testbed):
+    other = testbed.hosts[0]
+    wrong = store_from(f"sftp://root@{other.ip}:{other.port}/srv", testbed.key, testbed.known_hosts).host_key
+    with pytest.raises(StoreError, match="showed another key than the pinned one") as refused:
+        store.model_copy(update={"host_key": wrong}).read_path("anything")
+    assert store.private_key.get_secret_value() not in str(refused.value)
+
+
+def test_a_host_not_in_known_hosts_is_refused_before_any_connection(testbed, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    host = testbed.hosts[3]
+    with pytest.raises(Exception, match=r"is not in .*known_hosts: add its host key there first"):
+        store_from(f"sftp://root@{host.ip}:{host.port}/srv/x", testbed.key, known)
+
+
+def test_runs_are_pushed_whole_and_pulled_only_when_newer(store, tmp_path):
+    mine, laptop = tmp_path / "worker" / "run-1", tmp_path / "laptop"
+    (mine / "logs").mkdir(parents=True)
+    (mine / "record.json").write_text(json.dumps({"verdict": "fail"}))
+    (mine / "logs" / "node0.log").write_text("started\n")
+    assert push_folder(store, mine, "runs/run-1") == 2
+    assert pull_files(store, "runs", ("record.json", "report.html"), laptop) == ["run-1/record.json"]
+    assert json.loads((laptop / "run-1" / "record.json").read_text()) == {"verdict": "fail"}
+    assert not (laptop / "run-1" / "logs").exists()  # records and reports only
+    assert pull_files(store, "runs", ("record.json",), laptop) == []  # nothing newer
+
+    # a Retry on another worker rewrites the record: it comes again; a newer local copy is left alone
+    (mine / "record.json").write_text(json.dumps({"verdict": "pass"}))
+    os.utime(mine / "record.json", (2_000_000_000, 2_000_000_000))
+    push_folder(store, mine, "runs/run-1")
+    assert pull_files(store, "runs", ("record.json",), laptop) == ["run-1/record.json"]
+    assert json.loads((laptop / "run-1" / "record.json").read_text()) == {"verdict": "pass"}
+    newer = laptop / "run-1" / "record.json"
+    newer.write_text(json.dumps({"verdict": "local"}))
+    os.utime(newer, (2_100_000_000, 2_100_000_000))
+    assert pull_files(store, "runs", ("record.json",), laptop) == []
+    assert json.loads(newer.read_text()) == {"verdict": "local"}
+
+
+def test_the_key_is_never_shown(store):
+    secret = store.private_key.get_secret_value()
+    for text in (repr(store), str(store), store.where(), json.dumps(store.model_dump(mode="json"))):
+        assert secret not in text
+
+
+def test_prefect_keeps_a_task_result_there_and_a_second_run_reads_it_back(prefect_server, store, tmp_path):
+    """What a Retry on another worker relies on: the cache record is in the store, not on this host's disk."""
+    store.save(STORE_NAME, overwrite=True)
+    try:
+        ran_twice(store, prefect_server)
+    finally:  # the session's server is shared: later tests keep their runs on their own disk
+        SftpStore.delete(STORE_NAME)
+    assert shared_store() is None
+
+
+def ran_twice(store: SftpStore, local_storage: Path) -> None:
+    key = f"k3deploy-stage-test-{uuid4().hex[:6]}"
+    calls: list[int] = []
+
+    @task(cache_key_fn=lambda *_: key, persist_result=True, result_storage=shared_store())
+    def stage() -> dict[str, int]:
+        calls.append(1)
+        return {"answer": 42}
+
+    @flow
+    def twice() -> list[str]:
+        return [stage(return_state=True).name for _ in range(2)]
+
+    assert twice() == ["Completed", "Cached"] and calls == [1]
+    assert store.read_path(key)  # the record, in the store
+    assert not list(local_storage.rglob(f"{key}*"))  # and not in this host's result storage
