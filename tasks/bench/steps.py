@@ -33,10 +33,12 @@ from k3deploy.tasks.bench.results import (
     required_figures,
 )
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.render import Plan, bench_argv, bench_file
-from k3deploy.tasks.runtime import serving_runtimes
+from k3deploy.tasks.render import NodePlan, Plan, bench_argv, bench_file
+from k3deploy.tasks.runtime import Runtime, serving_runtimes
+from k3deploy.tasks.sized_read import parse_sized, sized_read_command
 
 TAIL_LINES = 30
+READ_ATTEMPTS = 3
 
 
 def planned_runs(cfg: DeploymentConfig) -> list[tuple[str, int]]:
@@ -128,6 +130,17 @@ def _write_whole(path: Path, text: str) -> None:
     partial.replace(path)
 
 
+def read_beside(beside: Runtime, node: NodePlan, path: str, attempts: int = READ_ATTEMPTS) -> str:
+    """The saved result's text, read where the tool ran; read again when the answer did not hold all of it."""
+    command = sized_read_command(path)
+    for _ in range(attempts):
+        text = parse_sized(beside.run_beside(node, command, 120).check().stdout)
+        if text is not None:
+            return text
+    raise NodeError(node.node, f"{path}: its contents did not arrive whole in {attempts} reads (the node's "
+                               "engine or connection dropped the output); the file is left there")  # fmt: skip
+
+
 def read_metrics(cfg: DeploymentConfig) -> str:
     try:
         return httpx.get(f"{service_url(cfg)}/metrics", timeout=cfg.smoke.request_timeout_s).text
@@ -176,8 +189,8 @@ def run_bench(
             tail = "\n".join(lines[-TAIL_LINES:])
             raise ToolFailed(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "
                                        f"{done.exit_code}:\n{tail}")  # fmt: skip
+        text = read_beside(beside, node, f"{cfg.bench.result_dir}/{name}")
         saved = f"{where}/{shlex.quote(name)}"
-        text = beside.run_beside(node, f"cat {saved}", 120).check().stdout
         beside.run_beside(node, f"rm -f {saved}; rmdir {where} 2>/dev/null || true", 120)  # kept here, not there
     after = read_metrics(cfg)
     spec, cache = acceptance(before, after), prefix_cache(before, after)
