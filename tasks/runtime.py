@@ -114,9 +114,14 @@ class DockerRuntime:
 
     def live(self, handle: str) -> LiveServer | None:
         try:
-            return from_inspect(self.client.api.inspect_container(handle))
+            attrs = self.client.api.inspect_container(handle)
         except docker.errors.NotFound:
             return None
+        try:
+            digests = self.client.api.inspect_image(attrs.get("Image") or "").get("RepoDigests") or []
+        except docker.errors.APIError:  # removed since (a running container keeps it); the reference alone judges
+            digests = []
+        return from_inspect(attrs, digests)
 
     def remove(self, labels: Mapping[str, str]) -> list[str]:
         return remove_labelled(self.client, self.node, labels)

@@ -37,14 +37,17 @@ class LiveServer:
     env: dict[str, str]
     source: str | None = None  # the container's image reference; None where the runtime has none to show
     devices: list[str] = field(default_factory=list)  # paths inside the container
+    # The engine's own record of the image it runs (repo@sha256:…): inspect shows a tag in `source` when the node
+    # also has the image by tag (a `docker pull repo:tag` of the same image), though it runs the planned digest.
+    digests: list[str] = field(default_factory=list)
 
 
-def from_inspect(attrs: dict[str, Any]) -> LiveServer:
-    """A container as the Docker API's inspect describes it."""
+def from_inspect(attrs: dict[str, Any], digests: list[str] | None = None) -> LiveServer:
+    """A container as the Docker API's inspect describes it, with its image's repo digests."""
     config = attrs.get("Config") or {}
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     devices = [d.get("PathInContainer") or "" for d in (attrs.get("HostConfig") or {}).get("Devices") or []]
-    return LiveServer(list(config.get("Cmd") or []), env, config.get("Image"), devices)
+    return LiveServer(list(config.get("Cmd") or []), env, config.get("Image"), devices, list(digests or []))
 
 
 def proc_read_script(state_dir: str) -> str:
@@ -131,7 +134,7 @@ def differences(node: NodePlan, live: LiveServer) -> list[str]:
         if live.env.get(key) != env[key]:
             value = "unset" if key not in live.env else repr(live.env[key])
             out.append(f"env {key}: {value} running, the plan says {env[key]!r}")
-    if source is not None and pinned(live.source) != pinned(source):
+    if source is not None and pinned(source) not in {pinned(live.source), *live.digests}:
         out.append(f"image: {live.source!r} running, the plan says {source!r}")
     if node.container is not None and sorted(live.devices) != sorted(devices):
         out.append(f"devices: {sorted(live.devices)} running, the plan says {sorted(devices)}")

@@ -117,3 +117,23 @@ def test_the_proc_reading_of_a_real_process_gives_its_argv_and_environment():
     assert live.argv == ["sleep", "300"]
     assert live.env == {"PATH": "/usr/bin:/bin", "PWD": "/tmp/procdemo", "K3_A": "1", "K3_B": "two words"}
     assert from_proc("#exited\n") is None  # the server has ended: the launch's exit watch names it
+
+
+def test_a_container_run_by_digest_on_a_node_that_also_has_the_tag_runs_what_the_plan_says():
+    attrs = json.loads((DATA / "podman-inspect-by-digest-tagged.json").read_text())
+    image = json.loads((DATA / "podman-inspect-image-tagged.json").read_text())
+    digest_ref = image["RepoDigests"][0]
+    assert attrs["Config"]["Image"] == image["RepoTags"][0]  # Podman names the tag, though it ran the digest
+    node = plan_nodes()[1]
+    spec = node.container
+    assert spec is not None
+    node = replace(node, container=replace(spec, image=digest_ref.replace("@", ":1@")))  # repo:tag@digest planned
+    devices = [inspected_device(d) for d in spec.devices]
+    live = replace(from_inspect(attrs, image["RepoDigests"]), argv=list(spec.command), env=dict(spec.environment),
+                   devices=devices)  # fmt: skip
+    assert live.source == "10.213.0.1:5000/k3deploy/testimg:1" and differences(node, live) == []
+    # without the engine's digests the tag alone cannot say so, and another digest is still named
+    assert differences(node, replace(live, digests=[])) == [
+        f"image: {live.source!r} running, the plan says {digest_ref.replace('@', ':1@')!r}"
+    ]
+    assert len(differences(node, replace(live, digests=[digest_ref[:-4] + "0000"]))) == 1
