@@ -19,9 +19,6 @@ from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 from prefect.workers.process import ProcessWorker
 
-from k3deploy.blocks.source import resolve_config
-from k3deploy.cluster_lock import cluster_label
-from k3deploy.deployments.crash_alerts import HEARTBEAT_ENV, apply_crash_watch
 from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import clear_cluster
@@ -56,7 +53,7 @@ def deployments(
     K3DEPLOY_RUNS_DIR), and the store joins them.
     """
     where = (where or Path.cwd()).resolve()
-    env = {**HEARTBEAT_ENV, **({} if shared else {"K3DEPLOY_RUNS_DIR": str((runs or runs_dir()).resolve())})}
+    env = {} if shared else {"K3DEPLOY_RUNS_DIR": str((runs or runs_dir()).resolve())}
     job = {"working_dir": str(where), "env": env}
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
     out = [
@@ -140,12 +137,7 @@ def apply(
     runs: Path | None = None,
     cluster: str = "",
 ) -> dict[str, UUID]:
-    """Create or update the pool, every deployment and the cluster's crash watch; deployment name → id."""
+    """Create or update the pool and every deployment; deployment name → id."""
     ensure_pool(pool)
-    cfg = resolve_config(config)
     made = deployments(config, cron, timezone, runs=runs, cluster=cluster, shared=shared_store() is not None)
-    ids = {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}
-    nightly = NIGHTLY + (f"-{cluster}" if cluster else "")
-    alerted = list(ids.values()) if cfg.alerts.every_run else [ids[nightly]]
-    apply_crash_watch(cluster or cluster_label(cfg.cluster), ids.values(), alerted, cfg.alerts.webhook_url)
-    return ids
+    return {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}

@@ -4,13 +4,15 @@ deliver one message with run, cluster, verdict, failing stage and class, and the
 A real process worker runs the deployed `nightly` (run now, as its schedule would); the serving side is the
 stand-in profile, made slow for the regressed run through its control file (0.02 s a token: the same config,
 so nothing in the provenance changed). The receiver is an HTTP server on loopback in this test's process.
-The alert is sent inside the run, before it ends: once the run is final, its message (if any) has arrived.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -24,17 +26,41 @@ from tests.bedconfig import write_config
 from tests.prefect_runs import finished
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
-from tests.webhook_receiver import Received, delivered, webhook_receiver
 
 pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env, pytest.mark.usefixtures("runs_dir")]
 TOKEN = "hook-T0KEN-91a"  # in the webhook's path, as chat tools put theirs: never in a message or log
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, Received]]:
+def receiver() -> Iterator[tuple[str, queue.Queue[tuple[str, dict[str, Any]]]]]:
     """A webhook on loopback: every POST's path and JSON body, in arrival order."""
-    with webhook_receiver("127.0.0.1", TOKEN) as hook:
-        yield hook
+    received: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.put((self.path, json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/{TOKEN}", received
+    server.shutdown()
+    server.server_close()
+
+
+def delivered(received: queue.Queue[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """What arrived so far. The alert is sent inside the run, before it ends: once the run is final, its
+    message (if any) is here."""
+    out = []
+    while not received.empty():
+        out.append(received.get_nowait())
+    return out
 
 
 def report_file(message: dict[str, Any]) -> Path:

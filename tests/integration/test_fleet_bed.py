@@ -4,8 +4,7 @@ shared store on a third bed host over SFTP, two clusters of two bed nodes each.
 
 What it shows, in order: a run on worker A passes and another fails at launch (only A is up); a nightly run
 holding cluster a dies with worker A (SIGKILL); worker B picks up the UI's Retry of the failed run, takes the
-dead run's hold within the stated bound (the server's crash watch marks the dead run Crashed and the alerts
-webhook hears of it), skips the stage that passed on A (its result is in the shared store,
+dead run's hold within the stated bound, skips the stage that passed on A (its result is in the shared store,
 B's own disk has none) and judges itself against A's run; with A back, both clusters' nightly runs proceed
 at once and a second run on cluster a waits; a laptop (a fourth namespace, an empty runs store, only the
 server's URL) lists and compares the runs of both workers.
@@ -44,7 +43,6 @@ from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.cluster_lock import lock_name
-from k3deploy.deployments.crash_alerts import CRASH_MESSAGE, SILENT_S
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_file, shared_store
 from tests.bedconfig import write_config
@@ -52,13 +50,11 @@ from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
 from tests.prefect_runs import finished, logged, run_logs, wait_for
 from tests.prefect_worker import processes_of, stop_worker
-from tests.webhook_receiver import Received, delivered, webhook_receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
               pytest.mark.usefixtures("runs_dir")]  # fmt: skip
 TAKEOVER_BOUND_S = 64  # README: a waiting run takes a dead holder's cluster at most 64 s after it first sees it
 LOG_SLACK_S = 15  # the run's own log lines reach the server in batches
-TOKEN = "fleet-hook-T0KEN"  # in the webhook's path: never in a message
 
 
 def run_with_env(
@@ -148,10 +144,8 @@ class Fleet:
         return self.tmp / name / "runs"
 
 
-def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str], alerts: str | None = None) -> str:
+def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str]) -> str:
     data = launch_data(testbed, hosts=nodes)
-    if alerts:
-        data["alerts"] = {"webhook_url": alerts}
     data["cluster"]["name"] = f"{name}-{uuid4().hex[:6]}"
     data["serve"]["readiness"]["timeout_s"] = 900  # a gated start-up holds the cluster until the test opens it
     return write_config(tmp_path / f"{name}.yaml", data)
@@ -221,13 +215,6 @@ def fleet(fleet_server: str, testbed, tmp_path: Path) -> Iterator[Fleet]:
 
 
 @pytest.fixture
-def hook(testbed) -> Iterator[tuple[str, Received]]:
-    """The alerts webhook on the bed bridge: the server (which sends crash alerts) and the workers reach it."""
-    with webhook_receiver(testbed.state.bridge["ip"], TOKEN) as receiver:
-        yield receiver
-
-
-@pytest.fixture
 def store_folder(testbed) -> Iterator[tuple[Any, str]]:
     host, folder = testbed.hosts[3], f"/srv/k3d-store-{uuid4().hex[:6]}"
     yield host, folder
@@ -235,7 +222,7 @@ def store_folder(testbed) -> Iterator[tuple[Any, str]]:
 
 
 def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_workers(
-    fleet: Fleet, store_folder, hook, testbed, bed_nodes, tmp_path
+    fleet: Fleet, store_folder, testbed, bed_nodes, tmp_path
 ):
     hosts = testbed.hosts
     ns_a, ns_b, ns_laptop = hosts[0].netns, hosts[2].netns, hosts[1].netns
@@ -250,9 +237,7 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert store is not None and store.path == folder
 
     nodes_a, nodes_b = ["node0", "node1"], ["node2", "node3"]
-    url, received = hook
-    a = cluster_config(testbed, tmp_path, "fleet-a", nodes_a, alerts=url)
-    b = cluster_config(testbed, tmp_path, "fleet-b", nodes_b)
+    a, b = cluster_config(testbed, tmp_path, "fleet-a", nodes_a), cluster_config(testbed, tmp_path, "fleet-b", nodes_b)
     apply(a, fleet.pool, cluster="fleet-a")
     apply(b, fleet.pool, cluster="fleet-b")
 
@@ -288,21 +273,6 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert (held - seen).total_seconds() <= TAKEOVER_BOUND_S + LOG_SLACK_S
     took_over = [m for m in run_logs(failed) if "taking over the hold" in m]
     assert all(f"({dead})" in m for m in took_over), took_over
-    # the server's crash watch marked the dead nightly run Crashed (no beat for 90 s) and told the webhook
-    messages: list[tuple[str, dict[str, Any]]] = []
-
-    def crash_alert() -> dict[str, Any] | None:
-        messages.extend(delivered(received))
-        return next((m for _, m in messages if m["run_id"] == str(dead)), None)
-
-    crash = wait_for("the dead run's crash alert", crash_alert, SILENT_S + 120)
-    with get_client(sync_client=True) as client:
-        dead_state = client.read_flow_run(dead).state
-    assert dead_state is not None and dead_state.type is StateType.CRASHED and dead_state.message == CRASH_MESSAGE
-    assert (crash["verdict"], crash["cluster"], crash["cause"]) == ("CRASHED", "fleet-a", CRASH_MESSAGE)
-    assert crash["failure_class"] == "infrastructure" and str(dead) in (crash["prefect_run"] or "")
-    assert f"run {crash['run_name']} on cluster fleet-a: CRASHED" in crash["text"]
-    assert messages[0][0] == f"/hooks/{TOKEN}" and TOKEN not in json.dumps(crash)
     # the image stage passed on A and was not run again on B: its task run came from the shared store's result
     tasks = stage_tasks(failed, "image")
     assert [kind for kind, _ in tasks] == ["COMPLETED"] * 2 and tasks[-1][1] == "Cached", tasks
@@ -345,6 +315,3 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert {str(passed), str(failed), str(night_a)} <= set(history)  # made on A, on B, on either
     assert str(night_b) not in history  # another cluster: another config family
     assert "runs store:" in compared.stderr and store.where() in compared.stderr
-    # cluster a's other runs were not nightly (validate's form) or passed: the crash was its only alert
-    messages.extend(delivered(received))
-    assert [m["run_id"] for _, m in messages] == [str(dead)]
