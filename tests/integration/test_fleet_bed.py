@@ -187,13 +187,16 @@ def stage_tasks(run_id: UUID, stage: str) -> list[tuple[str, str]]:
             if r.name == stage and r.state is not None]  # fmt: skip
 
 
-def log_time(run_id: UUID, text: str, last: bool = False) -> datetime:
-    """When the run first (or last) logged `text`."""
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
-    times = [log.timestamp for log in logs if text in log.message]
-    assert times, f"run {run_id} never logged {text!r}"
-    return max(times) if last else min(times)
+def log_time(run_id: UUID, text: str, after: datetime | None = None, timeout: float = 60) -> datetime:
+    """When the run first logged `text` (after `after`), once the server has that line."""
+
+    def first() -> datetime | None:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        times = [log.timestamp for log in logs if text in log.message and (after is None or log.timestamp >= after)]
+        return min(times, default=None)
+
+    return wait_for(f"run {run_id} to log {text!r}", first, timeout)
 
 
 def in_store(store: SftpStore, run_id: UUID) -> dict[str, Any]:
@@ -268,8 +271,8 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert retried.run_count == 2
     # it waited for the dead run's hold and had the cluster within the stated bound: taken over by the
     # waiter itself (it logs whose hold) or freed first by this server's lease repossessor, whichever came first
-    logged(failed, "waiting for it", timeout=60)
-    seen, held = log_time(failed, "waiting for it"), log_time(failed, "holding cluster", last=True)
+    seen = log_time(failed, "waiting for it")
+    held = log_time(failed, "holding cluster", after=seen)  # the retried run's hold, not its first run's
     assert (held - seen).total_seconds() <= TAKEOVER_BOUND_S + LOG_SLACK_S
     took_over = [m for m in run_logs(failed) if "taking over the hold" in m]
     assert all(f"({dead})" in m for m in took_over), took_over

@@ -1,6 +1,6 @@
 """The sized read: a file's text only when its size line and end marker both arrived and agree.
 
-The command runs in a real shell here (LocalTransport's `sh -c`), so what the parser reads is what
+The command runs in a real shell here (`sh -c`, as the runtimes run it), so what the parser reads is what
 the command prints; the lost and cut answers are the ones Podman's exec gave back (empty) or could.
 """
 
