@@ -235,7 +235,8 @@ YAMLISH = st.lists(st.one_of(YAML_PIECES, st.text(ODD, max_size=4)), max_size=30
 def load_text(content: str | bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "deployment.yaml"
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        # a drawn lone surrogate is written as the invalid bytes a damaged file would hold (plain UTF-8 refuses it)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode(errors="surrogatepass"))
         config_or_config_error(lambda: load_config(path, environ={}))
 
 
@@ -680,7 +681,8 @@ def test_smoke_checks_on_any_answer(check: Any, data: st.DataObject) -> None:
 def test_load_config_reports_what_yaml_cannot_be(content: str | bytes, problem: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "deployment.yaml"
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        # a drawn lone surrogate is written as the invalid bytes a damaged file would hold (plain UTF-8 refuses it)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode(errors="surrogatepass"))
         with pytest.raises(ConfigError, match=re.escape(problem)):
             load_config(path, environ={})
 
