@@ -2,7 +2,8 @@
 
 Real sshd hosts, the local hub, a real Prefect server. Faults are real: a peer's agent killed with SIGKILL
 while it sends, a peer's disk holding a flipped byte it vouches for, the nodes' timeout killing every agent.
-A peer is made slow to send, so a kill lands mid-transfer, with `tc` on its own interface (its egress only).
+A peer is made slow to send, so a kill lands mid-transfer, with `tc` on its own interface (its egress only,
+one htb class per receiving peer).
 """
 
 from __future__ import annotations
@@ -85,6 +86,18 @@ def holder_of_largest(files: dict[str, bytes], nodes: list[str]) -> str:
     return next(n for n, part in plan.items() if max(files, key=lambda p: len(files[p])) in part.download)
 
 
+def shape_per_peer(transport: SSHTransport, peers: list[str], rate: str) -> None:
+    """An htb class per peer address on the host's egress, so each peer gets `rate` and none outruns the others.
+
+    One tbf for all peers let TCP hand one peer most of it: in a CI run it finished the shard between the
+    test's look and the kill. Traffic to anyone else (the test's SSH) is not shaped."""
+    commands = ["tc qdisc add dev eth0 root handle 1: htb"]
+    for i, ip in enumerate(peers, start=1):
+        commands.append(f"tc class add dev eth0 parent 1: classid 1:{i} htb rate {rate} ceil {rate}")
+        commands.append(f"tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst {ip}/32 flowid 1:{i}")
+    sh(transport, " && ".join(commands))
+
+
 def hub_bytes(record: dict, node: str) -> tuple[int, int]:
     row = next(r for r in record["checkpoints"][0]["nodes"] if r["node"] == node)
     return row["from hub bytes"], row["from peers bytes"]
@@ -127,13 +140,15 @@ def test_a_peer_killed_mid_transfer_is_named_and_its_file_comes_from_the_hub_whe
     publish(hub.root, repo, files)
     holder = holder_of_largest(files, list(nodes))
     receivers = [n for n in nodes if n != holder]
-    # The holder sends at 4 Mbit/s (its own egress): three peers take seconds over the shard, so a kill lands mid-file.
-    sh(nodes[holder], "tc qdisc add dev eth0 root tbf rate 4mbit burst 32kb latency 400ms")
+    # The holder sends to each peer at 2 Mbit/s: each takes about 12 s over the shard, so a kill lands mid-file.
+    shape_per_peer(nodes[holder], [testbed.host(n).ip for n in receivers], "2mbit")
     partial = f"{root}/{PARTIAL_DIR}/{SHARD}.part"
 
     def receiving() -> bool:
+        """Every peer has part of the shard and a quarter of it still to come (seconds, at its rate), so none can
+        finish it between this look and the kill."""
         sizes = [sh(nodes[n], f"stat -c %s {partial} 2>/dev/null || echo 0").strip() for n in receivers]
-        return all(0 < int(s) < len(files[SHARD]) for s in sizes)
+        return all(0 < int(s) < len(files[SHARD]) * 3 // 4 for s in sizes)
 
     def kill_when_receiving() -> dict[str, int]:
         poll(f"every other node is receiving {SHARD} from {holder}", receiving, deadline_s=120)
