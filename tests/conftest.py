@@ -4,6 +4,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests are judged by what they find, never by how fast a loaded CI machine runs one example.
+settings.register_profile("k3deploy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("k3deploy")
 
 pytest_plugins = ["testbed.pytest_plugin", "tests.launchbed", "tests.prefect_worker", "tests.postgres"]
 
