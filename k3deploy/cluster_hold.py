@@ -84,6 +84,13 @@ class HoldRecord:
         return ((now or datetime.now(UTC)) - then).total_seconds()
 
 
+def same_hold(a: HoldRecord | None, b: HoldRecord | None) -> bool:
+    """One holder's one hold, whatever beats it renewed since (a live holder rewrites its record every BEAT_S)."""
+    if a is None or b is None:
+        return a is b
+    return (a.run_id, a.lease_id, a.since) == (b.run_id, b.lease_id, b.since)
+
+
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 

@@ -41,6 +41,7 @@ from k3deploy.cluster_hold import (
     HoldRecord,
     HoldWatch,
     ended_reason,
+    same_hold,
     utc_now,
 )
 from k3deploy.errors import ClusterBusy
@@ -113,7 +114,7 @@ def _free_slot(name: str, record: HoldRecord | None) -> None:
         else:
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
     with contextlib.suppress(Exception):
-        if read_hold(name) == record:
+        if same_hold(read_hold(name), record):
             Variable.unset(name)
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from k3deploy.cluster_hold import BEAT_S, STALE_S, UNRECORDED_S, HoldRecord, HoldWatch, ended_reason
+from k3deploy.cluster_hold import BEAT_S, STALE_S, UNRECORDED_S, HoldRecord, HoldWatch, ended_reason, same_hold
 
 pytestmark = pytest.mark.prefect
 
@@ -82,3 +82,11 @@ def test_the_age_of_a_renewal_is_read_from_its_timestamp():
     assert r.renewed_age_s(now=then + timedelta(seconds=90)) == 90
     assert record(renewed="not a time").renewed_age_s() is None
     assert record().renewed_age_s() is None
+
+
+def test_a_renewed_record_is_the_same_hold_and_another_holders_is_not():
+    held = record()
+    assert same_hold(held.next_beat().next_beat(), held)  # the holder's beats renew it, the hold stays
+    assert not same_hold(record(lease_id="another-lease"), held)
+    assert not same_hold(record(run_id="another-run"), held)
+    assert not same_hold(None, held) and not same_hold(held, None) and same_hold(None, None)
