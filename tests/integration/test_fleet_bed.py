@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +49,7 @@ from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_f
 from tests.bedconfig import write_config
 from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
-from tests.prefect_runs import finished, logged, run_logs, wait_for
+from tests.prefect_runs import FINISHED, finished, logged, run_logs, wait_for
 from tests.prefect_worker import processes_of, stop_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
@@ -179,12 +180,20 @@ def subflows(run_id: UUID) -> dict[str, list[Any]]:
     return out
 
 
-def stage_tasks(run_id: UUID, stage: str) -> list[tuple[str, str]]:
-    """(state type, state name) of the stage's cached-stage task runs under this run, oldest first."""
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    return [(r.state.type.value, r.state.name) for r in sorted(runs, key=lambda r: r.created)
-            if r.name == stage and r.state is not None]  # fmt: skip
+def stage_tasks(run_id: UUID, stage: str, count: int, within_s: float = 60) -> list[tuple[str, str]]:
+    """(state type, state name) of the stage's cached-stage task runs under this run, oldest first.
+
+    The server records task runs from events, after the flow has returned: this reads until it has `count`
+    of them, all final, or the bound passes (then what it has, for the assertion to show)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        found = [(r.state.type.value, r.state.name) for r in sorted(runs, key=lambda r: r.created)
+                 if r.name == stage and r.state is not None]  # fmt: skip
+        if (len(found) >= count and all(kind in FINISHED for kind, _ in found)) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)  # polling the server's record, not a wait for the machine
 
 
 def log_time(run_id: UUID, text: str, after: datetime | None = None, timeout: float = 60) -> datetime:
@@ -252,18 +261,20 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     failed = submit("validate/validate-fleet-a", only=["image", "launch"])
     assert finished(failed, timeout=600).state.type is StateType.FAILED
     assert in_store(store, failed)["record.json"]["failed_stage"] == "launch"
-    assert [kind for kind, _ in stage_tasks(failed, "image")] == ["COMPLETED"]  # named RolledBack: the run failed
+    assert [kind for kind, _ in stage_tasks(failed, "image", 1)] == ["COMPLETED"]  # named RolledBack: the run failed
     control(bed_nodes, "node1")
 
     # A nightly run holds cluster a; worker A is SIGKILLed with it: its hold is never released.
     gate(bed_nodes, nodes_a, closed=True)
     dead = submit("validate/nightly-fleet-a", only=["launch"])
     wait_for("the nightly run to hold cluster a", lambda: holder(a) == str(dead), 300)
+    # Worker B (its own disk: no results, no runs) is up before the kill, so the Retry below asks for the
+    # cluster well inside the dead hold's lease (a cold start after it could find the slot already freed).
+    fleet.start("worker-b", ns_b)
     fleet.kill("worker-a", [dead])
     gate(bed_nodes, nodes_a, closed=False)
 
-    # Worker B (its own disk: no results, no runs) picks up the UI's Retry of the failed run.
-    fleet.start("worker-b", ns_b)
+    # Worker B picks up the UI's Retry of the failed run.
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(failed, AwaitingRetry(message="Retry from the UI"), force=True)
     retried = finished(failed, timeout=900)
@@ -277,7 +288,7 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     took_over = [m for m in run_logs(failed) if "taking over the hold" in m]
     assert all(f"({dead})" in m for m in took_over), took_over
     # the image stage passed on A and was not run again on B: its task run came from the shared store's result
-    tasks = stage_tasks(failed, "image")
+    tasks = stage_tasks(failed, "image", 2)
     assert [kind for kind, _ in tasks] == ["COMPLETED"] * 2 and tasks[-1][1] == "Cached", tasks
     stages = subflows(failed)
     assert len(stages["image"]) == 1 and stages["image"][0].run_count == 1
@@ -303,7 +314,8 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     gate(bed_nodes, nodes_a, closed=False)
     ends = [finished(r, timeout=600) for r in (night_a, second_a)]
     assert [r.state.type for r in ends] == [StateType.COMPLETED] * 2
-    assert all(r.start_time >= ends[0].end_time for r in subflows(second_a).get("launch", []))
+    released = max(r.end_time for rs in subflows(night_a).values() for r in rs)  # the hold ends with its stages
+    assert all(r.start_time >= released for r in subflows(second_a).get("launch", []))
 
     # A laptop with the server's URL only lists and compares the runs of both workers.
     laptop = fleet.env("laptop")

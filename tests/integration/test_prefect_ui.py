@@ -99,6 +99,10 @@ def test_validate_run_form_in_chromium_starts_a_run_that_a_worker_completes(ui_s
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 2000})
+        # every wait of the page's, not only the form's, bounded for a busy machine (Playwright's own are 30/5 s)
+        page.set_default_timeout(FORM_TIMEOUT_MS)
+        page.set_default_navigation_timeout(FORM_TIMEOUT_MS)
+        expect.set_options(timeout=FORM_TIMEOUT_MS)
         page.goto(form_url)
         page.get_by_text("keep_serving").first.wait_for(timeout=FORM_TIMEOUT_MS)
 

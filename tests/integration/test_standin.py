@@ -47,7 +47,7 @@ MILESTONES = (
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 120, interval: float = 0.05) -> Any:
     """Poll until `probe()` is truthy (and return it); fail naming `what` at the deadline."""
     deadline = time.monotonic() + timeout
     while not (result := probe()):
@@ -228,7 +228,7 @@ def test_dp_pair_on_loopback_ready_serving_and_a_dead_rank_hangs_its_share(
     assert 'vllm:request_success_total{engine="1",finished_reason="length",model_name="kimi-k3"} 2.0' in metrics
     worker.kill()
     worker.wait(timeout=10)
-    outcomes = [answers_within(base, 1.0) for _ in range(4)]
+    outcomes = [answers_within(base, 5) for _ in range(4)]
     assert True in outcomes and False in outcomes  # requests routed to the dead rank never return
     assert healthy(base) and node0.poll() is None
 
@@ -385,7 +385,7 @@ def test_node0_and_a_headless_rank_on_two_hosts(
     worker.reload()
     assert worker.status == "running"
     worker.kill()
-    outcomes = [answers_within(base, 1.5) for _ in range(4)]
+    outcomes = [answers_within(base, 5) for _ in range(4)]
     assert True in outcomes and False in outcomes  # the dead rank's share hangs
     assert healthy(base)  # while /health stays 200
     node0.reload()
