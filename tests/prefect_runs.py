@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +19,9 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 
 def task_states(flow_state: Any, within_s: float = 60) -> dict[str, str]:
@@ -84,3 +88,24 @@ def logged(run_id: UUID, text: str, timeout: float = 120) -> str:
     return wait_for(
         f"run {run_id} to log {text!r}", lambda: next((m for m in run_logs(run_id) if text in m), None), timeout
     )
+
+
+@contextmanager
+def api_at(url: str) -> Iterator[None]:
+    """This process's Prefect client pointed at another server (a fleet's, the UI test's) for a block.
+
+    Prefect keeps one events worker (and one log worker) per process, keyed by client type, not by URL: one
+    first started here would send every later test's task run events to this server after it is gone, and
+    their task runs would never reach the session's server. Both are drained and stopped on the way in and
+    on the way out, while each server is up, so each gets only its own."""
+
+    def drain() -> None:
+        EventsWorker.drain_all(timeout=30)
+        APILogWorker.drain_all(timeout=30)
+
+    drain()
+    with temporary_settings({PREFECT_API_URL: url}):
+        try:
+            yield
+        finally:
+            drain()

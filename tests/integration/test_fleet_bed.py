@@ -38,7 +38,6 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.states import AwaitingRetry
 from prefect.variables import Variable
 
@@ -49,7 +48,7 @@ from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_f
 from tests.bedconfig import write_config
 from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
-from tests.prefect_runs import FINISHED, finished, logged, run_logs, wait_for
+from tests.prefect_runs import FINISHED, api_at, finished, logged, run_logs, wait_for
 from tests.prefect_worker import processes_of, stop_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
@@ -92,7 +91,7 @@ def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[str]:
 
     try:
         wait_for("the PostgreSQL-backed server", healthy, timeout=180)
-        with temporary_settings({PREFECT_API_URL: url}):
+        with api_at(url):
             yield url
     finally:
         stop_worker(proc)

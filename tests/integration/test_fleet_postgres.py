@@ -21,7 +21,6 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.variables import Variable
 
 from k3deploy import server
@@ -30,7 +29,7 @@ from k3deploy.cluster_lock import lock_name
 from k3deploy.deployments.definitions import apply
 from tests.bedconfig import write_config
 from tests.postgres import needs_postgres, psql
-from tests.prefect_runs import finished, logged, wait_for
+from tests.prefect_runs import api_at, finished, logged, wait_for
 from tests.prefect_worker import stop_worker
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
@@ -50,7 +49,7 @@ def pg_server(postgres: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", postgres)  # the production layout's one setting
     info = server.start(lambda _: None)
     try:
-        with temporary_settings({PREFECT_API_URL: info.url}):
+        with api_at(info.url):
             yield info
     finally:
         server.stop()
