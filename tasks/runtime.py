@@ -248,6 +248,8 @@ def stop_script(folder: str, grace_s: float, ports: Sequence[int] = ()) -> str:
             'kill -KILL "-$p" 2>/dev/null',
             wait.format(left=left, n=50),
             f"s=$({left}); fi",
+            # a socket can outlive its process's last sight in ps by a moment (seen under load): up to 5 s
+            wait.format(left=port_holders(ports), n=50),
             f"h=$({port_holders(ports)})",
             f'if [ -n "$s$h" ]; then echo {shlex.quote(LEFT_MARK)}; [ -z "$s" ] || echo "$s"; [ -z "$h" ] || echo "$h"',
             f"exit 3; fi; rm -rf {d}",
