@@ -87,9 +87,21 @@ def options(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show Prefect's log stream live (it always goes to the log file).")
     ] = False,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Talk to (or serve) a Prefect API off this machine without an auth string; warns every time. "
+            "Also K3DEPLOY_INSECURE_API=1.",
+        ),
+    ] = False,
 ) -> None:
     """Global options (before the command)."""
     VERBOSE["on"] = verbose
+    if insecure:
+        from k3deploy.server import INSECURE_ENV
+
+        os.environ[INSECURE_ENV] = "1"
 
 
 @contextlib.contextmanager
@@ -123,8 +135,13 @@ def _config(source: Path) -> DeploymentConfig:
         return load_config(source)
     from k3deploy.blocks.source import resolve_config
 
-    with _prefect():  # a saved block's name: the server holds it
-        return resolve_config(str(source))
+    with _prefect() as info:  # a saved block's name: the server holds it
+        cfg = resolve_config(str(source))
+    if cfg.cluster.ssh.private_key is not None:
+        err.print(f"warning: the DeploymentConfig block {source} keeps the nodes' SSH private key on {info.url}: "
+                  "whoever can use that server can read it; give cluster.ssh.private_key_file (a path on the worker "
+                  "hosts) instead", soft_wrap=True)  # fmt: skip
+    return cfg
 
 
 def _parsed(source: str, cfg: DeploymentConfig) -> contextlib.AbstractContextManager[None]:
@@ -146,9 +163,12 @@ def _set_runs_dir(runs_dir: Path | None) -> None:
 
 def _pull_shared_runs() -> None:
     """With a server (PREFECT_API_URL) that has a shared store, its runs first: every worker's, from any host."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return  # no server named: the runs store on this disk is all there is
     from k3deploy.run_report import pull_shared_runs
 
-    said = pull_shared_runs()
+    with _prefect():
+        said = pull_shared_runs()
     if said:
         err.print(f"runs store: {said}", soft_wrap=True)
 
@@ -158,7 +178,7 @@ def _prefect() -> Iterator[ServerInfo]:
     """The Prefect server for this command (started once, reused), with the settings the CLI runs under."""
     from k3deploy import server
 
-    info = server.ensure(lambda line: err.print(line))
+    info = server.ensure(lambda line: err.print(line, soft_wrap=True))
     with server.using(info):
         yield info
 
@@ -495,14 +515,13 @@ def deploy(
     source = config
     if source.endswith((".yaml", ".yml")) or "/" in source:
         source = str(Path(source).resolve())
-        _config(Path(source))
+    cfg = _config(Path(source))
     with _prefect() as info:
-        from k3deploy.blocks.source import resolve_config
         from k3deploy.cluster_lock import cluster_label
         from k3deploy.deployments.definitions import apply
         from k3deploy.tasks.transport.sftp_store import shared_store
 
-        cluster = cluster_label(resolve_config(source).cluster) if per_cluster else ""
+        cluster = cluster_label(cfg.cluster) if per_cluster else ""
         created = apply(source, pool, cron, timezone, cluster=cluster)
         store = shared_store()
     for name, deployment_id in created.items():
@@ -510,7 +529,10 @@ def deploy(
     if store is not None:
         out.print(f"shared store {store.where()}: stage results and runs of every worker; each worker keeps its "
                   "own runs folder ($K3DEPLOY_RUNS_DIR)", soft_wrap=True)  # fmt: skip
-    out.print(f"start a worker: PREFECT_API_URL={info.url} prefect worker start --pool {pool}", soft_wrap=True)
+    from k3deploy.server import client_authenticated
+
+    auth = " PREFECT_API_AUTH_STRING=…" if client_authenticated() else ""
+    out.print(f"start a worker: PREFECT_API_URL={info.url}{auth} prefect worker start --pool {pool}", soft_wrap=True)
 
 
 @app.command()
@@ -581,13 +603,44 @@ def report(
         raise typer.Exit(1)
 
 
+@server_app.command("start")
+def server_start(
+    host: Annotated[
+        str, typer.Option("--host", help="Address to serve on; other than loopback it needs --auth (or --insecure).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port (the next free one if taken).")] = 4200,
+    auth: Annotated[
+        bool, typer.Option("--auth", help="Basic authentication on the API; its auth string kept in a 0600 file.")
+    ] = False,
+) -> None:
+    """Start k3deploy's Prefect server (every other command starts one on loopback when none runs)."""
+    from k3deploy import server
+
+    info = server.recorded()
+    if info is not None and auth and info.auth_file is None:
+        raise K3DeployError(f"a server without API auth already runs at {info.ui}: `k3deploy server stop` it first")
+    if info is None:
+        info = server.start(lambda line: out.print(line, soft_wrap=True), host=host, port=port, auth=auth)
+    out.print(_server_line(info), soft_wrap=True)
+
+
+def _server_line(info: ServerInfo) -> str:
+    from k3deploy.server import on_loopback
+
+    if info.auth_file:
+        guard = f"API auth on (auth string in {info.auth_file})"
+    else:
+        guard = "no API auth (loopback only)" if on_loopback(info.url) else "no API auth (--insecure)"
+    return f"running at {info.ui} (pid {info.pid}); {guard}"
+
+
 @server_app.command("status")
 def server_status() -> None:
     """Say which Prefect server the CLI uses."""
     from k3deploy import server
 
     info = server.recorded()
-    out.print(f"running at {info.ui} (pid {info.pid})" if info else "not running; the next command starts it")
+    out.print(_server_line(info) if info else "not running; the next command starts it", soft_wrap=True)
 
 
 @server_app.command("stop")

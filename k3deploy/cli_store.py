@@ -17,8 +17,9 @@ store_app = typer.Typer(help="The fleet's shared store: Prefect results and the 
 PROBE = ".k3deploy-store-probe"
 
 
-def store_from(url: str, key_file: Path, known_hosts: Path) -> SftpStore:
-    """The store an sftp:// URL names, its host key taken from known_hosts (pinned, never trusted on first use)."""
+def store_from(url: str, key_file: Path, known_hosts: Path, save_key: bool = False) -> SftpStore:
+    """The store an sftp:// URL names, its host key taken from known_hosts (pinned, never trusted on first use);
+    the SSH key by its path (every host has it there), or itself with `save_key`."""
     import paramiko
     from pydantic import SecretStr, ValidationError
 
@@ -37,14 +38,16 @@ def store_from(url: str, key_file: Path, known_hosts: Path) -> SftpStore:
     if not keys:
         raise K3DeployError(f"{entry} is not in {known_hosts}: add its host key there first (checked, not scanned)")
     kind = next(iter(keys.keys()))
+    key_path = key_file.expanduser().resolve()
     try:
-        private_key = SecretStr(key_file.expanduser().read_text())
+        private_key = SecretStr(key_path.read_text())
     except OSError as error:
         raise K3DeployError(f"cannot read the key file {key_file}: {error.strerror}") from None
     try:
         return SftpStore(host=parts.hostname, port=port, user=unquote(parts.username),
                          path=parts.path.rstrip("/") or "/", host_key=f"{kind} {keys[kind].get_base64()}",
-                         private_key=private_key)  # fmt: skip
+                         private_key=private_key if save_key else None,
+                         private_key_file=None if save_key else str(key_path))  # fmt: skip
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
         raise K3DeployError(f"store {url}: {problems}") from None
@@ -53,17 +56,24 @@ def store_from(url: str, key_file: Path, known_hosts: Path) -> SftpStore:
 @store_app.command("set")
 def store_set(
     url: Annotated[str, typer.Argument(help="sftp://USER@HOST[:PORT]/PATH: a folder every worker's host reaches.")],
-    key_file: Annotated[Path, typer.Option("--key-file", help="The SSH private key (kept on the server, secret).")],
+    key_file: Annotated[
+        Path,
+        typer.Option("--key-file", help="The SSH private key: the server keeps its path; every worker needs it there."),
+    ],
     known_hosts: Annotated[
         Path, typer.Option("--known-hosts", help="known_hosts holding the store host's key, which is pinned.")
     ] = Path("~/.ssh/known_hosts"),
+    save_key: Annotated[
+        bool,
+        typer.Option("--save-key", help="Keep the key itself on the server (a block secret) instead of its path."),
+    ] = False,
 ) -> None:
     """Save the shared store on the server after writing and reading a probe file there."""
-    from k3deploy.cli import _prefect, out
+    from k3deploy.cli import _prefect, err, out
     from k3deploy.tasks.transport.sftp_store import STORE_NAME, parse_host_key
     from k3deploy.tasks.transport.ssh import openssh_fingerprint
 
-    store = store_from(url, key_file, known_hosts)
+    store = store_from(url, key_file, known_hosts, save_key)
     with _prefect() as info:
         store.write_path(PROBE, b"k3deploy\n")
         if store.read_path(PROBE) != b"k3deploy\n":
@@ -72,6 +82,12 @@ def store_set(
     kind, key = parse_host_key(store.host_key)
     fingerprint = openssh_fingerprint(key.asbytes())
     out.print(f"shared store {store.where()} (host key {kind} {fingerprint}) saved on {info.url}", soft_wrap=True)
+    if store.private_key_file is not None:
+        out.print(f"its SSH key stays in {store.private_key_file}: the server keeps that path, not the key; every "
+                  "worker host and user needs the key there", soft_wrap=True)  # fmt: skip
+    else:
+        err.print(f"warning: --save-key: the SSH key to {store.where()} is now a secret on the server: whoever can "
+                  f"use {info.url} can read it", soft_wrap=True)  # fmt: skip
     out.print("workers keep stage results and run folders there; `k3deploy runs` reads it from any host")
 
 

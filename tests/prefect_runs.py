@@ -21,7 +21,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
 
 def task_states(flow_state: Any, within_s: float = 60) -> dict[str, str]:
@@ -91,8 +91,9 @@ def logged(run_id: UUID, text: str, timeout: float = 120) -> str:
 
 
 @contextmanager
-def api_at(url: str) -> Iterator[None]:
-    """This process's Prefect client pointed at another server (a fleet's, the UI test's) for a block.
+def api_at(url: str, auth_string: str | None = None) -> Iterator[None]:
+    """This process's Prefect client pointed at another server (a fleet's, the UI test's) for a block, with
+    the server's auth string when it asks for one.
 
     Prefect keeps one events worker (and one log worker) per process, keyed by client type, not by URL: one
     first started here would send every later test's task run events to this server after it is gone, and
@@ -104,7 +105,7 @@ def api_at(url: str) -> Iterator[None]:
         APILogWorker.drain_all(timeout=30)
 
     drain()
-    with temporary_settings({PREFECT_API_URL: url}):
+    with temporary_settings({PREFECT_API_URL: url, PREFECT_API_AUTH_STRING: auth_string}):
         try:
             yield
         finally:

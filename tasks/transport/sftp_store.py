@@ -3,8 +3,10 @@
 Workers on several hosts keep in it what later runs need: Prefect's results of the stages that passed
 (so a Retry picked up by another worker skips them) and the runs store's records and reports (so
 `k3deploy runs`, `report --compare` and every run's history see the runs of every worker). It is a
-Prefect block saved on the server (`k3deploy store set`): whoever may use the server may use the store,
-with no second secret in parameters or logs. fsspec's SFTP trusts any host key; this one never does.
+Prefect block saved on the server (`k3deploy store set`): where the store is and its pinned host key. The
+SSH key stays a file on each worker host (`private_key_file`), so the server never holds it; saving the key
+itself in the block (`private_key`) is the user's explicit choice. fsspec's SFTP trusts any host key; this
+one never does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import paramiko
 from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.filesystems import WritableFileSystem
 from prefect.settings import PREFECT_API_URL
-from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from k3deploy.blocks._types import AbsPath, HostAddress, Name
 from k3deploy.errors import K3DeployError
@@ -56,13 +58,39 @@ class SftpStore(WritableFileSystem):
         description="The host's public key as known_hosts has it after the name: `ssh-ed25519 AAAA…`. "
         "Pinned: a host that shows another key is refused."
     )
-    private_key: SecretStr = Field(description="The SSH private key (unencrypted). Secret: never in a log or record.")
+    private_key_file: AbsPath | None = Field(
+        default=None,
+        description="Where the SSH private key (unencrypted) is on every worker and user host; the server keeps "
+        "only this path.",
+    )
+    private_key: SecretStr | None = Field(
+        default=None,
+        description="The SSH private key itself, kept on the server: whoever can read the server's blocks can read "
+        "it. Leave empty and use private_key_file.",
+    )
 
     @field_validator("host_key")
     @classmethod
     def _public_key(cls, value: str) -> str:
         parse_host_key(value)
         return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> SftpStore:
+        if (self.private_key_file is None) == (self.private_key is None):
+            raise ValueError("give the SSH key as private_key_file (a path on every host) or private_key, not both")
+        return self
+
+    def _pkey(self) -> paramiko.PKey:
+        if self.private_key is not None:
+            return load_private_key(self.private_key)
+        try:
+            text = Path(str(self.private_key_file)).read_text()
+        except OSError as error:
+            raise StoreError(f"store {self.where()}: cannot read the SSH key file {self.private_key_file} on "
+                             f"{os.uname().nodename}: {error.strerror}; every host using the store needs it "
+                             "there") from None  # fmt: skip
+        return load_private_key(SecretStr(text))
 
     def where(self) -> str:
         """The store as a person reads it: never the key."""
@@ -76,8 +104,8 @@ class SftpStore(WritableFileSystem):
         client.get_host_keys().add(host_key_entry(self.host, self.port), kind, key)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            client.connect(self.host, port=self.port, username=self.user, pkey=load_private_key(self.private_key),
-                           timeout=10, allow_agent=False, look_for_keys=False)  # fmt: skip
+            client.connect(self.host, port=self.port, username=self.user, pkey=self._pkey(), timeout=10,
+                           allow_agent=False, look_for_keys=False)  # fmt: skip
         except paramiko.BadHostKeyException:
             client.close()
             raise StoreError(f"store {self.where()}: the host showed another key than the pinned one") from None

@@ -1,26 +1,32 @@
-"""The production layout on the test bed: a Prefect server backed by PostgreSQL on the bed's bridge, process
-workers in two bed hosts' network namespaces (each with its own disk: PREFECT_HOME, runs store), the fleet's
-shared store on a third bed host over SFTP, two clusters of two bed nodes each.
+"""The production layout on the test bed: a Prefect server backed by PostgreSQL on the bed's bridge, its API
+behind basic authentication, process workers in two bed hosts' network namespaces (each with its own disk:
+PREFECT_HOME, runs store), the fleet's shared store on a third bed host over SFTP, two clusters of two bed
+nodes each.
 
-What it shows, in order: a run on worker A passes and another fails at launch (only A is up); a nightly run
-holding cluster a dies with worker A (SIGKILL); worker B picks up the UI's Retry of the failed run, takes the
-dead run's hold within the stated bound, skips the stage that passed on A (its result is in the shared store,
-B's own disk has none) and judges itself against A's run; with A back, both clusters' nightly runs proceed
-at once and a second run on cluster a waits; a laptop (a fourth namespace, an empty runs store, only the
-server's URL) lists and compares the runs of both workers.
+What it shows, in order: the blocks the documented set-up leaves on the server hold no private key; a run
+on worker A passes and another fails at launch (only A is up); a nightly run holding cluster a can be neither
+cancelled nor joined by a new run, nor the blocks' secrets listed, by a client on another bed host without the
+auth string (HTTP 401); it dies with worker A (SIGKILL); worker B picks up the UI's Retry of the failed run,
+takes the dead run's hold within the stated bound, skips the stage that passed on A (its result is in the
+shared store, B's own disk has none) and judges itself against A's run; with A back, both clusters' nightly
+runs proceed at once and a second run on cluster a waits; a laptop (a fourth namespace, an empty runs store,
+the server's URL and auth string) lists and compares the runs of both workers.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,8 @@ import httpx
 import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
     FlowRunFilter,
     FlowRunFilterId,
     FlowRunFilterParentFlowRunId,
@@ -53,6 +61,19 @@ from tests.prefect_worker import processes_of, stop_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
               pytest.mark.usefixtures("runs_dir")]  # fmt: skip
+# What a client on another host tries with no auth string: each must be refused (HTTP 401) and change nothing.
+UNAUTHENTICATED = """
+import base64, json, sys, httpx
+url, deployment, run, auth = sys.argv[1:5]
+headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+with httpx.Client(base_url=url, headers=headers, timeout=30) as api:
+    codes = {"list blocks with secrets": api.post("/block_documents/filter", json={"include_secrets": True})}
+    if not auth:
+        codes["create a flow run"] = api.post(f"/deployments/{deployment}/create_flow_run", json={})
+        codes["cancel a flow run"] = api.post(f"/flow_runs/{run}/set_state",
+                                              json={"state": {"type": "CANCELLING"}, "force": True})
+print(json.dumps({what: response.status_code for what, response in codes.items()}))
+"""
 TAKEOVER_BOUND_S = 64  # README: a waiting run takes a dead holder's cluster at most 64 s after it first sees it
 LOG_SLACK_S = 15  # the run's own log lines reach the server in batches
 
@@ -64,15 +85,23 @@ def run_with_env(
                           timeout=300, check=False, **kwargs)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class FleetServer:
+    url: str
+    auth_string: str  # PREFECT_SERVER_API_AUTH_STRING on the server, PREFECT_API_AUTH_STRING on its clients
+
+
 @pytest.fixture
-def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[str]:
-    """`prefect server start --host <bridge>` on PostgreSQL, as the README's production section runs it."""
+def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[FleetServer]:
+    """`prefect server start --host <bridge>` on PostgreSQL with its API's basic authentication on, as the
+    README's production section runs it."""
     bridge = testbed.state.bridge["ip"]
     with socket.socket() as probe:
         probe.bind((bridge, 0))
         port = probe.getsockname()[1]
-    url = f"http://{bridge}:{port}/api"
+    url, auth_string = f"http://{bridge}:{port}/api", secrets.token_urlsafe(24)
     env = os.environ | {
+        "PREFECT_SERVER_API_AUTH_STRING": auth_string,
         "PREFECT_HOME": str(tmp_path / "server-home"),
         "PREFECT_API_DATABASE_CONNECTION_URL": postgres,
         "PREFECT_UI_API_URL": url,
@@ -90,9 +119,9 @@ def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[str]:
         return False
 
     try:
-        wait_for("the PostgreSQL-backed server", healthy, timeout=180)
-        with api_at(url):
-            yield url
+        wait_for("the PostgreSQL-backed server", healthy, timeout=180)  # /health asks for no auth
+        with api_at(url, auth_string):
+            yield FleetServer(url, auth_string)
     finally:
         stop_worker(proc)
         log.close()
@@ -101,8 +130,8 @@ def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[str]:
 class Fleet:
     """Workers and a laptop, each in a bed host's network namespace with a disk of its own."""
 
-    def __init__(self, url: str, pool: str, tmp_path: Path) -> None:
-        self.url, self.pool, self.tmp = url, pool, tmp_path
+    def __init__(self, server: FleetServer, pool: str, tmp_path: Path) -> None:
+        self.url, self.auth_string, self.pool, self.tmp = server.url, server.auth_string, pool, tmp_path
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def env(self, name: str) -> dict[str, str]:
@@ -110,6 +139,7 @@ class Fleet:
         (home / "prefect").mkdir(parents=True, exist_ok=True)
         return os.environ | {
             "PREFECT_API_URL": self.url,
+            "PREFECT_API_AUTH_STRING": self.auth_string,
             "PREFECT_HOME": str(home / "prefect"),
             "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
             "K3DEPLOY_RUNS_DIR": str(home / "runs"),
@@ -207,6 +237,39 @@ def log_time(run_id: UUID, text: str, after: datetime | None = None, timeout: fl
     return wait_for(f"run {run_id} to log {text!r}", first, timeout)
 
 
+def secrets_on_server(url: str, auth_string: str) -> list[dict[str, Any]]:
+    """Every block document the server holds, secrets revealed: what anyone with the auth string can read."""
+    token = base64.b64encode(auth_string.encode()).decode()
+    response = httpx.post(f"{url}/block_documents/filter", json={"include_secrets": True, "limit": 200},
+                          headers={"Authorization": f"Basic {token}"}, timeout=30)  # fmt: skip
+    response.raise_for_status()
+    return list(response.json())
+
+
+def private_keys_in(value: Any, where: str = "") -> list[str]:
+    """Where a value holds a private key: PEM/OpenSSH text anywhere, or a `private_key` field with a value."""
+    if isinstance(value, dict):
+        found = [f"{where}.{k}" for k, v in value.items() if k == "private_key" and v]
+        return found + [hit for k, v in value.items() for hit in private_keys_in(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [hit for i, v in enumerate(value) for hit in private_keys_in(v, f"{where}[{i}]")]
+    return [where] if isinstance(value, str) and "PRIVATE KEY" in value else []
+
+
+def unauthenticated(fleet: Fleet, netns: str, deployment: UUID, run: UUID, auth_string: str = "") -> dict[str, int]:
+    """What the server answers a client in another bed host's namespace (without the auth string, or with it)."""
+    env = {k: v for k, v in fleet.env("intruder").items() if k != "PREFECT_API_AUTH_STRING"}
+    done = run_with_env([sys.executable, "-c", UNAUTHENTICATED, fleet.url, str(deployment), str(run), auth_string],
+                        netns, env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def deployment_runs(deployment: UUID) -> int:
+    with get_client(sync_client=True) as client:
+        return client.count_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))
+
+
 def in_store(store: SftpStore, run_id: UUID) -> dict[str, Any]:
     """The record and comparison of a run as the shared store holds them."""
     with store.session() as sftp:
@@ -217,7 +280,7 @@ def in_store(store: SftpStore, run_id: UUID) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fleet(fleet_server: str, testbed, tmp_path: Path) -> Iterator[Fleet]:
+def fleet(fleet_server: FleetServer, testbed, tmp_path: Path) -> Iterator[Fleet]:
     pool = f"k3d-fleet-{uuid4().hex[:6]}"
     ensure_pool(pool)
     crew = Fleet(fleet_server, pool, tmp_path)
@@ -252,6 +315,12 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     apply(a, fleet.pool, cluster="fleet-a")
     apply(b, fleet.pool, cluster="fleet-b")
 
+    # What the documented set-up leaves on the server: the store's block, its key a path on the workers' hosts.
+    blocks = secrets_on_server(fleet.url, fleet.auth_string)
+    assert {"k3deploy-sftp-store"} <= {b["block_type"]["slug"] for b in blocks}, blocks
+    assert private_keys_in([b["data"] for b in blocks]) == [] and "PRIVATE KEY" not in json.dumps(blocks)
+    assert store.private_key_file == str(testbed.key.resolve()) and store.private_key is None
+
     # Only worker A is up: one run passes, one fails at launch (node1's server dies as it starts).
     fleet.start("worker-a", ns_a)
     passed = submit("validate/validate-fleet-a", only=["launch"])
@@ -267,6 +336,17 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     gate(bed_nodes, nodes_a, closed=True)
     dead = submit("validate/nightly-fleet-a", only=["launch"])
     wait_for("the nightly run to hold cluster a", lambda: holder(a) == str(dead), 300)
+    # A client on another bed host without the auth string can neither read the blocks' secrets, nor start a
+    # run, nor cancel the one holding the cluster; with it, the same listing is served.
+    with get_client(sync_client=True) as client:
+        nightly_a = client.read_deployment_by_name("validate/nightly-fleet-a").id
+    before = deployment_runs(nightly_a)
+    refused = unauthenticated(fleet, ns_laptop, nightly_a, dead)
+    assert refused == {"list blocks with secrets": 401, "create a flow run": 401, "cancel a flow run": 401}, refused
+    assert unauthenticated(fleet, ns_laptop, nightly_a, dead, fleet.auth_string) == {"list blocks with secrets": 200}
+    assert deployment_runs(nightly_a) == before
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(dead).state.type is StateType.RUNNING
     # Worker B (its own disk: no results, no runs) is up before the kill, so the Retry below asks for the
     # cluster well inside the dead hold's lease (a cold start after it could find the slot already freed).
     fleet.start("worker-b", ns_b)

@@ -2,8 +2,9 @@
 one pool served by two process workers; both clusters' runs hold their clusters at once, and a second run on
 one cluster waits for the first, whichever worker picks it up.
 
-The server is `k3deploy server`'s own start with Prefect's database URL set to the session's PostgreSQL; the
-clusters are the stand-in profile twice (their own ports, names and start-up gates).
+The server is `k3deploy server start --auth` with Prefect's database URL set to the session's PostgreSQL: its
+API refuses a client without the auth string it keeps in a file only its owner reads, and the workers and the
+test use that string. The clusters are the stand-in profile twice (their own ports, names and start-up gates).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID, uuid4
 
+import httpx
 import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
@@ -47,9 +49,21 @@ pytestmark = [
 def pg_server(postgres: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[server.ServerInfo]:
     monkeypatch.setenv("K3DEPLOY_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", postgres)  # the production layout's one setting
-    info = server.start(lambda _: None)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    started = subprocess.run([sys.executable, "-m", "k3deploy", "server", "start", "--auth"], capture_output=True,
+                             text=True, timeout=300, check=False)  # fmt: skip
     try:
-        with api_at(info.url):
+        assert started.returncode == 0, started.stderr
+        info = server.recorded()
+        assert info is not None and info.auth_file is not None, started.stdout
+        assert f"API auth on (auth string in {info.auth_file})" in started.stdout
+        auth_file = Path(info.auth_file)
+        assert auth_file.stat().st_mode & 0o777 == 0o600
+        # without the string the API refuses even a listing; /health stays open (probes, `k3deploy server`)
+        refused = httpx.post(f"{info.url}/block_documents/filter", json={"include_secrets": True}, timeout=30)
+        assert refused.status_code == 401, refused.text
+        assert httpx.get(f"{info.url}/health", timeout=30).status_code == 200
+        with api_at(info.url, auth_file.read_text().strip()):
             yield info
     finally:
         server.stop()
@@ -58,7 +72,9 @@ def pg_server(postgres: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 @pytest.fixture
 def two_workers(pg_server: server.ServerInfo, tmp_path: Path) -> Iterator[str]:
     pool = f"k3d-fleet-{uuid4().hex[:6]}"
-    env = os.environ | {"PREFECT_API_URL": pg_server.url, "PREFECT_WORKER_QUERY_SECONDS": "1", "DO_NOT_TRACK": "1"}
+    auth = Path(str(pg_server.auth_file)).read_text().strip()
+    env = os.environ | {"PREFECT_API_URL": pg_server.url, "PREFECT_API_AUTH_STRING": auth,
+                        "PREFECT_WORKER_QUERY_SECONDS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
     procs, logs = [], []
     for name in ("worker-1", "worker-2"):
         logs.append((tmp_path / f"{name}.log").open("w"))

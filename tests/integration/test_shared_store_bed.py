@@ -11,6 +11,7 @@ from uuid import uuid4
 
 import pytest
 from prefect import flow, task
+from pydantic import SecretStr
 
 from k3deploy.cli_store import store_from
 from k3deploy.tasks.transport.sftp_store import STORE_NAME, SftpStore, StoreError, pull_files, push_folder, shared_store
@@ -39,7 +40,7 @@ def test_a_host_showing_another_key_is_refused(store, testbed):
     wrong = store_from(f"sftp://root@{other.ip}:{other.port}/srv", testbed.key, testbed.known_hosts).host_key
     with pytest.raises(StoreError, match="showed another key than the pinned one") as refused:
         store.model_copy(update={"host_key": wrong}).read_path("anything")
-    assert store.private_key.get_secret_value() not in str(refused.value)
+    assert testbed.key.read_text() not in str(refused.value)
 
 
 def test_a_host_not_in_known_hosts_is_refused_before_any_connection(testbed, tmp_path):
@@ -74,10 +75,29 @@ def test_runs_are_pushed_whole_and_pulled_only_when_newer(store, tmp_path):
     assert json.loads(newer.read_text()) == {"verdict": "local"}
 
 
-def test_the_key_is_never_shown(store):
-    secret = store.private_key.get_secret_value()
-    for text in (repr(store), str(store), store.where(), json.dumps(store.model_dump(mode="json"))):
-        assert secret not in text
+def test_the_key_is_never_shown(store, testbed):
+    saved = store.model_copy(update={"private_key_file": None, "private_key": SecretStr(testbed.key.read_text())})
+    secret = testbed.key.read_text()
+    for kept in (store, saved):
+        for text in (repr(kept), str(kept), kept.where(), json.dumps(kept.model_dump(mode="json"))):
+            assert secret not in text
+
+
+def test_saved_on_the_server_by_default_it_holds_the_key_s_path_not_the_key(prefect_server, store, testbed):
+    """What whoever can read the server's blocks (secrets revealed) learns of the store: where its key lies."""
+    from prefect import get_client
+
+    store.save(STORE_NAME, overwrite=True)
+    try:
+        with get_client(sync_client=True) as client:
+            document = client.read_block_document_by_name(STORE_NAME, "k3deploy-sftp-store", include_secrets=True)
+        loaded = shared_store()  # as a worker loads it: the key read from that path on its own host
+        assert loaded is not None and loaded.write_path("probe", b"k3deploy") == "probe"
+        assert loaded.read_path("probe") == b"k3deploy"
+    finally:
+        SftpStore.delete(STORE_NAME)
+    assert document.data["private_key_file"] == str(testbed.key.resolve())
+    assert not document.data.get("private_key") and "PRIVATE KEY" not in json.dumps(document.data)
 
 
 def test_prefect_keeps_a_task_result_there_and_a_second_run_reads_it_back(prefect_server, store, tmp_path):

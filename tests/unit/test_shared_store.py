@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import paramiko
@@ -31,6 +32,32 @@ def test_a_url_names_user_host_port_and_an_absolute_folder(keys):
     assert (store.user, store.host, store.port, store.path, store.host_key) == ("k3d", "192.0.2.7", 2222,
                                                                                 "/srv/store", host_key)  # fmt: skip
     assert store.where() == "sftp://k3d@192.0.2.7:2222/srv/store"
+
+
+def test_the_server_keeps_the_key_s_path_unless_told_to_keep_the_key(keys, monkeypatch):
+    key_file, known, _ = keys
+    monkeypatch.chdir(key_file.parent)
+    by_path = store_from("sftp://k3d@192.0.2.7:2222/srv", Path(key_file.name), known)
+    assert by_path.private_key is None and by_path.private_key_file == str(key_file.resolve())
+    assert "PRIVATE KEY" not in json.dumps(by_path.model_dump(mode="json", context={"include_secrets": True}))
+    saved = store_from("sftp://k3d@192.0.2.7:2222/srv", key_file, known, save_key=True)
+    assert saved.private_key_file is None and saved.private_key is not None
+    assert saved.private_key.get_secret_value() == key_file.read_text()
+
+
+@pytest.mark.parametrize("keys_given", [{}, {"private_key": SecretStr("x"), "private_key_file": "/k"}])
+def test_a_store_has_its_key_one_way(keys, keys_given):
+    _, _, host_key = keys
+    with pytest.raises(ValidationError, match=r"private_key_file .* or private_key, not both"):
+        SftpStore(host="192.0.2.7", user="k3d", path="/srv", host_key=host_key, **keys_given)
+
+
+def test_a_key_file_missing_on_this_host_is_named_before_any_connection(keys, tmp_path):
+    _, _, host_key = keys
+    store = SftpStore(host="192.0.2.7", user="k3d", path="/srv", host_key=host_key,
+                      private_key_file=str(tmp_path / "not-here"))  # fmt: skip
+    with pytest.raises(StoreError, match=f"cannot read the SSH key file {tmp_path}/not-here on .*: No such file"):
+        store.read_path("runs/x")
 
 
 @pytest.mark.parametrize(
