@@ -136,10 +136,14 @@ def test_validate_run_form_in_chromium_starts_a_run_that_a_worker_completes(ui_s
         assert len(Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20  # drawn, not blank
 
         page.get_by_role("button", name="Submit").click()
-        # the UI goes back to the deployment's page once the server has the new flow run
-        page.wait_for_url(re.compile(rf".*/deployments/deployment/{ids['validate']}(\?.*)?$"), timeout=FORM_TIMEOUT_MS)
+        # what the click must do is make a flow run on the server (the page it then shows is the UI's affair);
+        # if it does not, the page as it stands is kept beside the form's picture for whoever reads the failure
+        try:
+            (run_id,) = wait_for("the submitted run", lambda: runs_of(ids["validate"]), timeout=FORM_TIMEOUT_MS / 1000)
+        except AssertionError:
+            page.screenshot(path=str(ARTIFACTS / "prefect-ui-after-submit.png"), full_page=True)
+            raise
         browser.close()
-    (run_id,) = wait_for("the submitted run", lambda: runs_of(ids["validate"]), timeout=60)
 
     run = finished(run_id, timeout=600)
     assert run.state is not None and run.state.is_completed(), run.state
