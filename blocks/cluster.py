@@ -42,11 +42,12 @@ class SSHSettings(BaseModel):
         description="known_hosts file that pins every node's host key; unknown keys are refused.",
     )
     private_key_file: Text | None = Field(
-        default=None, description="Path of the private key on the machine running k3deploy."
+        default=None, description="Path of the private key on the machine running k3deploy (each worker host)."
     )
     private_key: SecretStr | None = Field(
         default=None,
-        description="The private key itself (PEM/OpenSSH text); or set K3DEPLOY_SSH_PRIVATE_KEY.",
+        description="The private key itself (PEM/OpenSSH text); or set K3DEPLOY_SSH_PRIVATE_KEY. In a saved block "
+        "the Prefect server keeps it for whoever holds its auth string: prefer private_key_file.",
     )
     connect_timeout_s: float = Field(
         default=10.0, gt=0, description="Time to get a connection, retries on connection faults included."
@@ -73,6 +74,13 @@ class ClusterConfig(StrictBlock):
     )
     busy_timeout_s: float | None = Field(
         default=None, gt=0, description="enqueue: give up after waiting this long; null waits as long as it takes."
+    )
+    hold_beat_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=15,
+        description="How often the run holding the cluster renews its hold (at most 15: Prefect's shortest lease is "
+        "60 s). A hold not renewed for 4 beats belongs to a dead run: the next run takes it over.",
     )
     transport: Literal["ssh", "local"] = Field(
         default="ssh", description="ssh for real nodes; local runs every node's work on this machine."

@@ -27,7 +27,7 @@ NOT_SERVING: dict[str, Any] = {
     "accuracy": True,
     "alerts": True,
     "serve": {"readiness", "liveness"},
-    "cluster": {"name", "on_busy", "busy_timeout_s", "ssh"},
+    "cluster": {"name", "on_busy", "busy_timeout_s", "hold_beat_s", "ssh"},
     "models": {"threads", "timeout_s", "read_timeout_s", "download_retries", "node_python"},
 }
 

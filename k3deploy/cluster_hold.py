@@ -1,9 +1,10 @@
 """What a cluster's hold says and when it is stale: plain data and rules, no I/O (cluster_lock does that).
 
 The holder of a cluster writes a record (a Prefect variable named like the cluster's limit) and rewrites it
-every BEAT_S with a growing beat count. A waiting run judges the hold dead when the holder's flow run has
-ended, or when the record has not changed for STALE_S of the waiter's own clock: no wall clocks compared
-across hosts, and no server service (Prefect's lease repossessor) relied on.
+every beat (its `beat_s`, `cluster.hold_beat_s`, written into the record) with a growing beat count. A waiting
+run judges the hold dead when the holder's flow run has ended, or when the record has not changed for
+STALE_BEATS of the holder's own beats on the waiter's own clock: no wall clocks compared across hosts, no
+setting the two must agree on, and no server service (Prefect's lease repossessor) relied on.
 """
 
 from __future__ import annotations
@@ -13,18 +14,24 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-# Prefect's shortest lease; the holder renews it (and its record) every BEAT_S.
+# Prefect's shortest lease; the holder renews it (and its record) every beat, at most BEAT_S apart.
 LEASE_S = 60.0
-BEAT_S = 15.0
-# A record unchanged this long on a waiter's clock belongs to a holder that stopped beating (4 beats missed).
-STALE_S = LEASE_S
+BEAT_S = 15.0  # the default beat (cluster.hold_beat_s), and the longest that keeps the lease renewed in time
+# A record unchanged for this many of its holder's beats on a waiter's clock belongs to a holder that stopped.
+STALE_BEATS = 4
+STALE_S = STALE_BEATS * BEAT_S  # with the default beat: 60 s
 # How often a waiting run asks for the slot again.
 POLL_S = 2.0
 # A slot taken with no record at all (a holder that died between taking it and writing its record, or an
 # older k3deploy) is freed after this long.
 UNRECORDED_S = 2 * LEASE_S
-# The stated bound: a waiter takes a dead holder's cluster this long after it first sees the hold, at most.
-TAKEOVER_BOUND_S = STALE_S + 2 * POLL_S
+
+
+def takeover_bound_s(beat_s: float = BEAT_S) -> float:
+    """The stated bound: a waiter takes a dead holder's cluster this long after it first sees the hold, at most
+    (64 s with the default beat)."""
+    return STALE_BEATS * beat_s + 2 * POLL_S
+
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 
@@ -41,6 +48,11 @@ class HoldRecord:
     renewed: str | None = None
     host: str | None = None
     pid: int | None = None
+    beat_s: float = BEAT_S  # how often this holder renews (records of older versions: the default)
+
+    @property
+    def stale_s(self) -> float:
+        return STALE_BEATS * self.beat_s
 
     @classmethod
     def parse(cls, value: Any) -> HoldRecord | None:
@@ -59,6 +71,7 @@ class HoldRecord:
             renewed=str(value["renewed"]) if value.get("renewed") else None,
             host=str(value["host"]) if value.get("host") else None,
             pid=pid if isinstance(pid, int) else None,
+            beat_s=_beat(value.get("beat_s")),
         )
 
     def to_value(self) -> dict[str, Any]:
@@ -84,6 +97,13 @@ class HoldRecord:
         return ((now or datetime.now(UTC)) - then).total_seconds()
 
 
+def _beat(value: Any) -> float:
+    """A record's beat as its holder wrote it; the default for a record without one, or with nonsense."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= BEAT_S:
+        return float(value)
+    return BEAT_S
+
+
 def same_hold(a: HoldRecord | None, b: HoldRecord | None) -> bool:
     """One holder's one hold, whatever beats it renewed since (a live holder rewrites its record every BEAT_S)."""
     if a is None or b is None:
@@ -106,9 +126,9 @@ def ended_reason(state_type: str | None) -> str | None:
 
 @dataclass
 class HoldWatch:
-    """A waiter's view of one hold over time: stale when the record stops changing for STALE_S."""
+    """A waiter's view of one hold over time: stale when the record stops changing for STALE_BEATS of its
+    holder's beats."""
 
-    stale_s: float = STALE_S
     unrecorded_s: float = UNRECORDED_S
     _seen: tuple[Any, ...] | None = field(default=None, init=False)
     _since: float = field(default=0.0, init=False)
@@ -123,6 +143,6 @@ class HoldWatch:
         quiet = now - self._since
         if record is None:
             return None if quiet < self.unrecorded_s else f"its slot is taken with no holder recorded for {quiet:.0f} s"
-        if quiet >= self.stale_s:
-            return f"its hold was not renewed for {quiet:.0f} s (it renews every {BEAT_S:g} s)"
+        if quiet >= record.stale_s:
+            return f"its hold was not renewed for {quiet:.0f} s (it renews every {record.beat_s:g} s)"
         return None

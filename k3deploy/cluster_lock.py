@@ -8,7 +8,7 @@ not say who holds a slot, so the holder writes a record into a Prefect variable 
 A holder that died (its worker killed with it) never releases: on a server that runs Prefect's lease
 repossessor its lease lapses, on one that does not (the temporary test server) it never would. So a
 waiting run judges the hold itself (cluster_hold: the holder's flow run ended, or its record unchanged
-for STALE_S) and takes the cluster over, freeing the dead lease and saying whose it was.
+for four of its beats) and takes the cluster over, freeing the dead lease and saying whose it was.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from prefect.variables import Variable
 
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.cluster_hold import (
-    BEAT_S,
     LEASE_S,
     POLL_S,
     HoldRecord,
@@ -162,8 +161,9 @@ def _wait_for_slot(cluster: ClusterConfig, name: str, holder: ConcurrencyLeaseHo
 
 
 def _beat(name: str, lease: UUID, record: HoldRecord, stop: threading.Event, label: str) -> None:
-    """Renew the lease and the record every BEAT_S until told to stop; say so once if the hold was lost."""
-    while not stop.wait(BEAT_S):
+    """Renew the lease and the record every beat until told to stop; say so once if the hold was lost."""
+    beat_s = record.beat_s
+    while not stop.wait(beat_s):
         try:
             current = read_hold(name)
             if current is not None and current.lease_id != record.lease_id:
@@ -177,9 +177,9 @@ def _beat(name: str, lease: UUID, record: HoldRecord, stop: threading.Event, lab
             if err.response.status_code == GONE:
                 _log().error("cluster %s: this run's hold was released by another (`cluster release`?)", label)
                 return
-            LOG.warning("cluster %s: renewing the hold failed (%s); trying again in %g s", label, err, BEAT_S)
+            LOG.warning("cluster %s: renewing the hold failed (%s); trying again in %g s", label, err, beat_s)
         except Exception as err:  # a transient API error must not end a two-hour run; the next beat tries again
-            LOG.warning("cluster %s: renewing the hold failed (%s); trying again in %g s", label, err, BEAT_S)
+            LOG.warning("cluster %s: renewing the hold failed (%s); trying again in %g s", label, err, beat_s)
 
 
 @contextlib.contextmanager
@@ -197,6 +197,7 @@ def hold_cluster(cluster: ClusterConfig, run_id: UUID | None, run_name: str) -> 
         renewed=utc_now(),
         host=socket.gethostname(),
         pid=os.getpid(),
+        beat_s=cluster.hold_beat_s,
     )
     stop = threading.Event()
     beating = threading.Thread(target=_beat, args=(name, lease, record, stop, label), daemon=True)
@@ -232,15 +233,15 @@ class ClusterHold:
         return self.active_slots > 0 or self.record is not None
 
     def dead_reason(self) -> str | None:
-        """Why the holder is known dead: its run ended, or it has not renewed for longer than a lease."""
+        """Why the holder is known dead: its run ended, or it has not renewed for four of its beats."""
         if self.record is None:
             return None if self.active_slots == 0 else "the slot is taken with no holder recorded"
         ended = ended_reason(self.run_state)
         if ended:
             return ended
         age = self.record.renewed_age_s()
-        if age is not None and age > LEASE_S:
-            return f"its hold was last renewed {age:.0f} s ago (it renews every {BEAT_S:g} s)"
+        if age is not None and age > self.record.stale_s:
+            return f"its hold was last renewed {age:.0f} s ago (it renews every {self.record.beat_s:g} s)"
         return None
 
     def to_json(self) -> dict[str, object]:

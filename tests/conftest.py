@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("k3deploy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("k3deploy")
 
-pytest_plugins = ["testbed.pytest_plugin", "tests.launchbed", "tests.prefect_worker", "tests.postgres"]
+pytest_plugins = [
+    "testbed.pytest_plugin",
+    "tests.launchbed",
+    "tests.prefect_worker",
+    "tests.postgres",
+    "tests.budget",
+]
 
 
 @pytest.fixture(scope="session")

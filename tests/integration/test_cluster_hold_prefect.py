@@ -25,18 +25,21 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.cluster_hold import STALE_S, TAKEOVER_BOUND_S, same_hold
+from k3deploy.cluster_hold import STALE_BEATS, same_hold, takeover_bound_s
 from k3deploy.cluster_lock import cluster_hold, hold_cluster, lock_name, read_hold
 from tests.prefect_runs import flow_run, logged, wait_for
 
 pytestmark = [pytest.mark.prefect, pytest.mark.faults]
 ROOT = Path(__file__).parents[2]
+BEAT_S = 2.0  # cluster.hold_beat_s here: a dead holder is found in 4 beats (8 s), not the default's 60 s
 
 
-def cluster_config(tmp_path: Path) -> str:
+def cluster_config(tmp_path: Path, beat_s: float | None = None) -> str:
     """The local profile on a cluster name of this test's own (no other test shares its lock)."""
     data = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
     data["cluster"] |= {"name": f"hold-{uuid4().hex[:8]}", "model_root": str(tmp_path / "models")}
+    if beat_s is not None:
+        data["cluster"]["hold_beat_s"] = beat_s
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -82,12 +85,12 @@ def with_busy_timeout(config: str, seconds: float) -> str:
 
 
 def test_a_run_killed_holding_the_cluster_is_taken_over_within_the_bound_naming_it(prefect_server, tmp_path):
-    config = with_busy_timeout(cluster_config(tmp_path), TAKEOVER_BOUND_S + 120)  # the wait has a bound
+    config = with_busy_timeout(cluster_config(tmp_path, BEAT_S), takeover_bound_s(BEAT_S) + 120)  # a bounded wait
     name = lock_name(load_config(config).cluster)
     with holding_run(config, tmp_path) as proc:
         # While it lives it renews its lease and its record (a renewal that failed would not count the beat).
         dead = wait_for("the holder to renew", lambda: (r := read_hold(name)) and r.beat >= 1 and r, timeout=120)
-        assert dead.lease_id and dead.run_id
+        assert dead.lease_id and dead.run_id and dead.beat_s == BEAT_S
         kill(proc)
     assert flow_run(UUID(dead.run_id)).state.type.value == "RUNNING"  # Prefect does not know it died
     assert cluster_hold(load_config(config).cluster).active_slots == 1  # and its lease stays taken
@@ -102,13 +105,13 @@ def test_a_run_killed_holding_the_cluster_is_taken_over_within_the_bound_naming_
     assert f"run {dead.run_name} ({dead.run_id})" in said and "its hold was not renewed for" in said
     assert logged(new_run, "waiting for it")
     # The stated bound (from the first look at the hold), with room for a loaded machine's slow requests.
-    assert STALE_S <= waited < TAKEOVER_BOUND_S + 30, waited
+    assert STALE_BEATS * BEAT_S <= waited < takeover_bound_s(BEAT_S) + 30, waited
     hold = cluster_hold(load_config(config).cluster)
     assert (hold.active_slots, hold.record) == (0, None)  # released on the way out, the dead lease gone too
 
 
 def test_a_holder_whose_flow_run_ended_is_taken_over_at_once(prefect_server, tmp_path):
-    config = with_busy_timeout(cluster_config(tmp_path), STALE_S)  # no time to wait for staleness
+    config = with_busy_timeout(cluster_config(tmp_path), 30)  # not the 60 s a stale record would take
     name = lock_name(load_config(config).cluster)
     with holding_run(config, tmp_path) as proc:
         dead = read_hold(name)

@@ -50,6 +50,7 @@ from prefect.states import AwaitingRetry
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
+from k3deploy.cluster_hold import takeover_bound_s
 from k3deploy.cluster_lock import lock_name
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_file, shared_store
@@ -74,7 +75,7 @@ with httpx.Client(base_url=url, headers=headers, timeout=30) as api:
                                               json={"state": {"type": "CANCELLING"}, "force": True})
 print(json.dumps({what: response.status_code for what, response in codes.items()}))
 """
-TAKEOVER_BOUND_S = 64  # README: a waiting run takes a dead holder's cluster at most 64 s after it first sees it
+BEAT_S = 2.0  # cluster.hold_beat_s of the fleet's clusters: a dead holder is found in 4 beats, not the default's 60 s
 LOG_SLACK_S = 15  # the run's own log lines reach the server in batches
 
 
@@ -177,6 +178,7 @@ class Fleet:
 def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str]) -> str:
     data = launch_data(testbed, hosts=nodes)
     data["cluster"]["name"] = f"{name}-{uuid4().hex[:6]}"
+    data["cluster"]["hold_beat_s"] = BEAT_S
     data["serve"]["readiness"]["timeout_s"] = 900  # a gated start-up holds the cluster until the test opens it
     return write_config(tmp_path / f"{name}.yaml", data)
 
@@ -363,7 +365,7 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     # waiter itself (it logs whose hold) or freed first by this server's lease repossessor, whichever came first
     seen = log_time(failed, "waiting for it")
     held = log_time(failed, "holding cluster", after=seen)  # the retried run's hold, not its first run's
-    assert (held - seen).total_seconds() <= TAKEOVER_BOUND_S + LOG_SLACK_S
+    assert (held - seen).total_seconds() <= takeover_bound_s(BEAT_S) + LOG_SLACK_S
     took_over = [m for m in run_logs(failed) if "taking over the hold" in m]
     assert all(f"({dead})" in m for m in took_over), took_over
     # the image stage passed on A and was not run again on B: its task run came from the shared store's result

@@ -6,7 +6,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from k3deploy.cluster_hold import BEAT_S, STALE_S, UNRECORDED_S, HoldRecord, HoldWatch, ended_reason, same_hold
+from k3deploy.cluster_hold import (
+    BEAT_S,
+    STALE_S,
+    UNRECORDED_S,
+    HoldRecord,
+    HoldWatch,
+    ended_reason,
+    same_hold,
+    takeover_bound_s,
+)
 
 pytestmark = pytest.mark.prefect
 
@@ -48,6 +57,24 @@ def test_a_record_unchanged_for_the_stale_time_is_dead_and_not_a_moment_before()
     assert watch.observe(r, now=100.0 + STALE_S - 0.1) is None
     reason = watch.observe(r, now=100.0 + STALE_S)
     assert reason is not None and f"not renewed for {STALE_S:.0f} s" in reason
+
+
+@pytest.mark.parametrize("beat_s", [1.0, 2.5, 15.0])
+def test_the_stale_time_is_four_of_the_holder_s_own_beats(beat_s):
+    """The waiter judges by the beat the holder wrote into its record: no setting the two must agree on."""
+    watch, r = HoldWatch(), HoldRecord.parse(record(beat_s=beat_s).to_value())
+    assert r is not None and r.beat_s == beat_s
+    assert watch.observe(r, now=0.0) is None
+    assert watch.observe(r, now=4 * beat_s - 0.01) is None
+    reason = watch.observe(r, now=4 * beat_s)
+    assert reason is not None and f"it renews every {beat_s:g} s" in reason
+    assert takeover_bound_s(beat_s) == 4 * beat_s + 4 and takeover_bound_s() == 64
+
+
+@pytest.mark.parametrize("beat_s", [None, "fast", 0, -1, 60, True])
+def test_a_record_with_no_usable_beat_is_judged_by_the_default(beat_s):
+    r = HoldRecord.parse(record().to_value() | {"beat_s": beat_s})
+    assert r is not None and r.beat_s == BEAT_S and r.stale_s == STALE_S
 
 
 def test_a_new_holder_restarts_the_clock():
