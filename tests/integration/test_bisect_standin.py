@@ -1,0 +1,87 @@
+"""`k3deploy bisect`'s other outcomes, on the stand-in profile (every stage real but the server, which starts in a
+second and is told to be slow or refuses a start with vLLM's own error): a regression the bad end does not
+reproduce, and a key that makes launch fail, named with its failure's class.
+
+The real relaunches between experiments, each measured on its own, are test_bisect_local.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bedconfig import write_config
+from tests.bisect_cli import K3deploy, stage_flow_runs
+from tests.standin_profile import standin_profile
+from tests.vllm_env import needs_vllm_env
+
+pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.prefect, pytest.mark.vllm,
+              needs_vllm_env]  # fmt: skip
+
+
+class Site:
+    """One stand-in site (one cluster, one checkpoint, one control file) and its variants' configs."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.cli = folder, K3deploy(folder)
+        self.data = standin_profile(folder / "site", hub=True)  # models downloads from a local hub
+
+    def config(self, name: str, **serve: Any) -> Path:
+        data = json.loads(json.dumps(self.data))
+        data["serve"] |= {k: v for k, v in serve.items() if k != "readiness"}
+        data["serve"]["readiness"] |= serve.get("readiness", {})
+        return Path(write_config(self.folder / f"{name}.yaml", data))
+
+    def nodes_slow(self, slow: bool) -> None:
+        """What a noisy neighbour does to the servers, as the stand-in's control file says it (read as it serves)."""
+        (self.folder / "site" / "control.json").write_text(json.dumps({"K3SIM_TOKEN_S": "0.05"} if slow else {}))
+
+
+@pytest.fixture(scope="module")
+def site(prefect_server, tmp_path_factory) -> Site:
+    return Site(tmp_path_factory.mktemp("bisect-standin"))
+
+
+@pytest.fixture(scope="module")
+def good(site: Site) -> str:
+    site.nodes_slow(False)
+    run_id = site.cli.run(site.config("good"))
+    assert json.loads((site.cli.runs / run_id / "record.json").read_text())["verdict"] == "pass"
+    return run_id
+
+
+def test_a_regression_made_by_load_beside_the_run_is_not_reproducible(site: Site, good: str):
+    noisy = site.config("noisy", readiness={"poll_s": 1})  # a harmless change, made while the nodes were slow
+    site.nodes_slow(True)
+    try:
+        bad = site.cli.run(noisy, "--baseline-run", good)
+    finally:
+        site.nodes_slow(False)
+    assert site.cli.comparison(bad)["verdict"] == "REGRESSED"
+    out, document = site.cli.bisect(bad, "--good", good)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert document["outcome"]["verdict"] == "not reproducible"
+    assert "the bad end, run again, does not reproduce it" in document["outcome"]["reason"]
+    assert [(e["name"], e["reproduces"]) for e in document["experiments"]] == [("bad end", False)]
+    assert "verdict: not reproducible" in out.stdout
+
+
+def test_a_key_that_makes_launch_fail_is_named_with_the_failures_class(site: Site, good: str):
+    bad = site.cli.run(site.config("too-long", max_model_len=10**6))
+    record = json.loads((site.cli.runs / bad / "record.json").read_text())
+    assert (record["verdict"], record["failed_stage"]) == ("fail", "launch")
+    out, document = site.cli.bisect(bad, "--good", good)  # whatever other runs passed since (a slowed one, say)
+    assert out.returncode == 0, out.stdout + out.stderr
+    outcome = document["outcome"]
+    assert (outcome["verdict"], outcome["culprits"]) == ("culprit", ["serve.max_model_len"])
+    assert outcome["failure_class"] == record["failure"]["failure_class"] == "engine"
+    assert [(e["name"], e["reproduces"], e["failed_stage"]) for e in document["experiments"]] == [
+        ("bad end", True, "launch"),
+        ("good end", False, None),
+    ]
+    assert "verdict: culprit: serve.max_model_len (engine)" in out.stdout
+    flows = stage_flow_runs(document["bisect_id"])
+    assert flows == ["preflight", "launch", "teardown", "launch", "teardown"], flows  # judged at launch: no further
