@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from k3deploy.errors import BenchStageFailed, SmokeStageFailed
+from k3deploy.errors import BenchStageFailed, SmokeStageFailed, ValidateFailed
 from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
@@ -231,6 +231,34 @@ def test_the_bench_tool_killed_mid_run_is_a_tool_failure_in_the_record_never_a_r
 
     loaded = load_record(runs_dir() / record["run_id"] / "record.json")
     assert compare(loaded, []).verdict is RegressionVerdict.INCONCLUSIVE  # the tool's failure says nothing of speed
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+@needs_vllm_env
+def test_prefix_caching_off_makes_the_prefix_cell_invalid_and_the_stage_fail(prefect_server, tmp_path):
+    """A prefix-hit cell measured on a server without prefix caching says nothing of hits: INVALID, and the stage
+    fails; the cold cell stays VALID (no cache at all: cold is cold). The stand-in serves, the real tool measures."""
+    data = standin_profile(tmp_path)
+    data["serve"]["enable_prefix_caching"] = False
+    data["bench"]["prefix_hit"] = True
+    config = write_config(tmp_path / "no-cache.yaml", data)
+    try:
+        state = validate(config=config, only=["launch", "bench"], return_state=True)
+    finally:
+        teardown(config=config)
+    with pytest.raises(ValidateFailed, match="validate failed at bench"):
+        state.result()
+    record = run_record(state)
+    stage = next(s for s in record["stages"] if s["stage"] == "bench")
+    assert stage["verdict"] == "fail"
+    cells = {c["workload"]: c for c in stage["data"]["cells"]}
+    assert not cells["prefix_repetition"]["valid"]
+    assert cells["prefix_repetition"]["reasons"][0].startswith("run 1: prefix caching is off")
+    assert cells["random"]["valid"]
+    finding = next(f for f in stage["findings"] if f["subject"] == "prefix_repetition c2")
+    assert finding["check"] == "valid cell" and not finding["ok"] and "INVALID" in finding["detail"]
+    assert nothing_serving(tmp_path)
 
 
 @pytest.mark.bench
