@@ -1,5 +1,6 @@
 """The local profile end to end: `validate` on configs/local.yaml with the real CPU vLLM (two DP ranks on
-this machine), the scripted checkpoint from the local hub through the real huggingface_hub client.
+this machine), the scripted checkpoint from the local hub through the real huggingface_hub client; the
+passing run through the CLI as the README's main job runs it.
 
 Nothing is running before: the flow starts the hub, provisions (or reuses) the environment, launches,
 and its teardown leaves no vLLM process, port or state folder behind.
@@ -29,11 +30,13 @@ from k3deploy.paths import runs_dir
 from k3deploy.record import SCHEMA_PATH
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
+from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
 from tests.ports import port_free
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 ROOT = Path(__file__).parents[2]
 PROFILE = ROOT / "configs" / "local.yaml"
+RUN_STAGES = STAGES[:-1]  # with --keep-serving no teardown runs: the table says skipped
 
 
 def profile(tmp_path: Path, **serve: Any) -> str:
@@ -72,11 +75,29 @@ def served_sockets() -> list[str]:
     return [line.split()[4] for line in out.splitlines() if '"VLLM::' in line or '("vllm"' in line]
 
 
+@pytest.mark.cli
 def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(prefect_server, tmp_path):
+    """The README's main job as a person runs it (`k3deploy run -c …`, here with --keep-serving so that the real
+    server can be asked after): the terminal shows the stage lines and the table, Prefect's log stream goes to
+    the run's log file, every stage passes, and the server parses tools and reasoning."""
     config = profile(tmp_path)
-    state = validate(config=config, keep_serving=True, return_state=True)
-    assert state.is_completed(), state.message
-    stages, document = verdicts(state.state_details.flow_run_id)
+    out = k3deploy_run(config, tmp_path, "--keep-serving")
+    assert out.returncode == 0, out.stderr
+    assert_quiet(out)
+    progress = out.stderr.splitlines()
+    assert len(progress) == 2 * len(RUN_STAGES), out.stderr  # one start and one end line per stage, nothing else
+    assert [line.split()[1] for line in progress[1::2]] == RUN_STAGES
+    assert [row[:2] for row in table_rows(out.stdout)] == [
+        [stage, {"accuracy": "not-applicable", "teardown": "skipped"}.get(stage, "pass")] for stage in STAGES
+    ]
+    assert len(out.stdout.splitlines()) <= 32, out.stdout  # the table and where the record, log and report are
+    log = log_file(out.stdout)
+    assert log.parent.parent == tmp_path / "runs" and log.name == "prefect.log"
+    text = log.read_text()
+    assert "Beginning flow run" in text and "Finished in state Completed()" in text
+    assert "Error encountered when computing cache key" not in text  # every task's inputs can be hashed
+
+    stages, document = verdicts(log.parent.name)
     assert stages == {
         "preflight": "pass",
         "models": "pass",
