@@ -96,7 +96,8 @@ def submit(page: Any, tries: int = 3) -> None:
 
     for _ in range(tries):
         try:
-            with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/create_flow_run"), timeout=30_000):
+            creation = lambda r: r.method == "POST" and r.url.endswith("/create_flow_run")  # noqa: E731
+            with page.expect_request(creation, timeout=30_000):
                 page.get_by_role("button", name="Submit").click()
             return
         except PlaywrightTimeout:
@@ -163,8 +164,8 @@ def test_validate_run_form_in_chromium_starts_a_run_that_a_worker_completes(ui_s
             (run_id,) = wait_for("the submitted run", lambda: runs_of(ids["validate"]), timeout=FORM_TIMEOUT_MS / 1000)
         except AssertionError as timed_out:
             page.screenshot(path=str(ARTIFACTS / "prefect-ui-after-submit.png"), full_page=True)
-            since_submit = calls[submitted:]
-            raise AssertionError(f"{timed_out}; the page at {page.url} made these calls after Submit: {since_submit}")
+            said = f"the page at {page.url} made these calls after Submit: {calls[submitted:]}"
+            raise AssertionError(f"{timed_out}; {said}") from None
         browser.close()
 
     run = finished(run_id, timeout=600)
