@@ -1,7 +1,7 @@
-"""Bench evidence on the local profile with the real CPU vLLM: cells judged VALID from the real prefix-cache
-counters, repeats with their spread, goodput from vLLM's own --goodput, and a rank's tracked process killed
-during bench (the engine left running) failing the stage and leaving nothing of its group. A prefix cell
-measured with prefix caching off (INVALID) is test_smoke_bench_faults.py's, on the stand-in."""
+"""Bench on the local profile with the real CPU vLLM: a rank's tracked process killed during bench (the engine
+left running) fails the stage and teardown leaves nothing of its group. Cells judged VALID from the real
+prefix-cache counters, with repeats, spread and goodput, are test_local_profile_e2e.py's (on its shared
+service); a prefix cell measured with prefix caching off (INVALID) is test_smoke_bench_faults.py's."""
 
 from __future__ import annotations
 
@@ -37,31 +37,6 @@ def profile(tmp_path: Path, serve: dict[str, Any] | None = None, **bench: Any) -
 def bench_stage(run_id: Any) -> dict[str, Any]:
     document = json.loads((runs_dir() / str(run_id) / "record.json").read_text())
     return next(s for s in document["stages"] if s["stage"] == "bench")
-
-
-def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(prefect_server, tmp_path):
-    config = profile(tmp_path, repeats=2, slo={"ttft_ms": 600000, "e2el_ms": 600000})  # two: a median and a spread
-    state = validate(config=config, only=STAGES, return_state=True)
-    assert state.is_completed(), state.message
-    stage = bench_stage(state.state_details.flow_run_id)
-    cells = {c["workload"]: c for c in stage["data"]["cells"]}
-    assert set(cells) == {"random", "prefix_repetition"} and all(c["valid"] for c in cells.values()), cells
-    cold, warm = cells["random"], cells["prefix_repetition"]
-    assert cold["repeats"] == warm["repeats"] == 2 and cold["completed"] == 40
-    assert 0 <= cold["hit_rate"] < warm["hit_rate"]  # measured from /metrics around each run
-    for c in cells.values():
-        low, high = c["spread"]["output_throughput"]
-        assert low <= c["figures"]["output_throughput"] <= high and c["achieved_concurrency"] > 1
-        assert c["figures"]["request_goodput"] > 0  # SLOs no request misses: goodput is the request rate
-    runs = stage["data"]["runs"]
-    assert [(r["workload"], r["repeat"]) for r in runs] == [(w, i) for w in cells for i in (1, 2)]
-    folder = Path(stage["data"]["folder"])
-    assert sorted(p.name for p in folder.glob("random-c2*.json")) == [
-        "random-c2-r2.cache.json", "random-c2-r2.json", "random-c2.cache.json", "random-c2.json",
-    ]  # fmt: skip
-    report = (runs_dir() / str(state.state_details.flow_run_id) / "report.md").read_text()
-    median, (low, high) = cold["figures"]["output_throughput"], cold["spread"]["output_throughput"]
-    assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
 
 
 def group_alive(pgid: int) -> list[str]:

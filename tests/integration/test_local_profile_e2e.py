@@ -2,8 +2,12 @@
 this machine), the scripted checkpoint from the local hub through the real huggingface_hub client; the
 passing run through the CLI as the README's main job runs it.
 
-Nothing is running before: the flow starts the hub, provisions (or reuses) the environment, launches,
-and its teardown leaves no vLLM process, port or state folder behind.
+That run leaves the service up (--keep-serving) for this module's tests that only read from a serving engine:
+the server's tool call and reasoning, the REAL lm_eval and AISBench scoring the local dataset, bench repeats
+judged from the real prefix-cache counters. Each runs the launch stage, which adopts the running ranks (one vLLM
+start for all of them, the suite's budget: docs/BENCHMARKS.md), then its own stage; not `validate`, whose
+preflight refuses a service port already taken. The module's teardown test then removes the ranks and shows
+nothing is left: no vLLM process, port, state folder or hub. The tests after it start their own.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +30,14 @@ import yaml
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.errors import ValidateFailed
+from k3deploy.flows.accuracy import accuracy as accuracy_stage
+from k3deploy.flows.bench import bench as bench_stage
+from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
 from k3deploy.paths import runs_dir
-from k3deploy.record import SCHEMA_PATH
+from k3deploy.record import SCHEMA_PATH, build_record
+from k3deploy.report import markdown
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
@@ -36,13 +46,37 @@ from tests.ports import port_free
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 ROOT = Path(__file__).parents[2]
 PROFILE = ROOT / "configs" / "local.yaml"
+LOCAL_DATASET = ROOT / "configs" / "accuracy" / "local"
 RUN_STAGES = STAGES[:-1]  # with --keep-serving no teardown runs: the table says skipped
 
 
-def profile(tmp_path: Path, **serve: Any) -> str:
+def profile(tmp_path: Path, sections: dict[str, Any] | None = None, **serve: Any) -> str:
     data = yaml.safe_load(PROFILE.read_text())
     data["serve"] |= serve
+    for name, values in (sections or {}).items():
+        data[name] = data.get(name, {}) | values
     return write_config(tmp_path / "local.yaml", data)
+
+
+@dataclass
+class Served:
+    """The README's main job, run once with --keep-serving: its config, folder and what the terminal showed."""
+
+    config: str
+    folder: Path
+    out: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def served(prefect_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The local profile served by a passing CLI run, for the tests that only read from it; torn down at the
+    module's end whatever ran (the teardown test does it first and checks what is left)."""
+    folder = tmp_path_factory.mktemp("served")
+    config = profile(folder)
+    try:
+        yield Served(config, folder, k3deploy_run(config, folder, "--keep-serving"))
+    finally:
+        teardown(config=config)
 
 
 def nothing_left(config: str) -> None:
@@ -63,8 +97,8 @@ def cmdline(path: Path) -> bytes:
         return b""
 
 
-def verdicts(run_id: Any) -> tuple[dict[str, str], dict[str, Any]]:
-    document = json.loads((runs_dir() / str(run_id) / "record.json").read_text())
+def verdicts(run_id: Any, runs: Path | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+    document = json.loads(((runs or runs_dir()) / str(run_id) / "record.json").read_text())
     jsonschema.validate(document, json.loads(SCHEMA_PATH.read_text()))
     return {s["stage"]: s["verdict"] for s in document["stages"]}, document
 
@@ -76,12 +110,11 @@ def served_sockets() -> list[str]:
 
 
 @pytest.mark.cli
-def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(prefect_server, tmp_path):
+def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(served: Served):
     """The README's main job as a person runs it (`k3deploy run -c …`, here with --keep-serving so that the real
     server can be asked after): the terminal shows the stage lines and the table, Prefect's log stream goes to
     the run's log file, every stage passes, and the server parses tools and reasoning."""
-    config = profile(tmp_path)
-    out = k3deploy_run(config, tmp_path, "--keep-serving")
+    config, tmp_path, out = served.config, served.folder, served.out
     assert out.returncode == 0, out.stderr
     assert_quiet(out)
     progress = out.stderr.splitlines()
@@ -97,7 +130,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     assert "Beginning flow run" in text and "Finished in state Completed()" in text
     assert "Error encountered when computing cache key" not in text  # every task's inputs can be hashed
 
-    stages, document = verdicts(log.parent.name)
+    stages, document = verdicts(log.parent.name, log.parent.parent)
     assert stages == {
         "preflight": "pass",
         "models": "pass",
@@ -106,7 +139,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "launch": "pass",
         "smoke": "pass",
         "bench": "pass",
-        "accuracy": "not-applicable",  # no evaluator in the profile (test_local_accuracy.py runs both)
+        "accuracy": "not-applicable",  # no evaluator in the profile (the accuracy test below runs both)
         "teardown": "skipped",  # keep_serving
     }
     assert document["checkpoints"][0]["repo"] == "k3deploy/tiny-kimi-k3"
@@ -133,35 +166,104 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         ("local0", 0, ""),
         ("local1", 1, ""),
     ]
-    try:
-        cfg = load_config(config)
-        answer = httpx.post(
-            f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions",
-            json={
-                "model": cfg.serve.served_model_name,
-                "messages": [{"role": "user", "content": QUESTION}],
-                "tools": [TOOL_SCHEMA],
-                "tool_choice": "auto",
-                "max_tokens": 64,
-                "temperature": 0,
-            },
-            timeout=120,
-        ).json()
-        message = answer["choices"][0]["message"]
-        call = message["tool_calls"][0]["function"]
-        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
-        reasoning = message.get("reasoning") or message.get("reasoning_content")
-        assert reasoning and "get_weather" in reasoning and reasoning not in (message.get("content") or "")
-        listening = served_sockets()
-        assert any(address.endswith(f":{cfg.serve.service_port}") for address in listening)
-        assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # nothing beyond loopback
-    finally:
-        removed = teardown(config=config)
+    cfg = load_config(config)
+    answer = httpx.post(
+        f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions",
+        json={
+            "model": cfg.serve.served_model_name,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "tools": [TOOL_SCHEMA],
+            "tool_choice": "auto",
+            "max_tokens": 64,
+            "temperature": 0,
+        },
+        timeout=120,
+    ).json()
+    message = answer["choices"][0]["message"]
+    call = message["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    assert reasoning and "get_weather" in reasoning and reasoning not in (message.get("content") or "")
+    listening = served_sockets()
+    assert any(address.endswith(f":{cfg.serve.service_port}") for address in listening)
+    assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # nothing beyond loopback
+
+
+@pytest.mark.accuracy
+@pytest.mark.timeout(1800)  # makes lm_eval's and AISBench's environments on a first run
+def test_lm_eval_and_ais_bench_score_the_local_dataset_with_sample_counts(served: Served, tmp_path):
+    """The accuracy stage with the REAL lm_eval and AISBench on the local dataset configs/accuracy/local (ten
+    sums), each to a score with its samples accounted for. The scripted checkpoint answers every question about
+    the weather: both scores are 0 and lm_eval's extraction finds no number in any answer; what this shows is the
+    plumbing, the accounting and the record."""
+    accuracy = {
+        "evaluators": ["lm_eval", "ais_bench"],
+        "lm_eval": {"tasks": ["k3_arith"], "include_path": str(LOCAL_DATASET), "num_concurrent": 2},
+        # batch_size sizes AISBench's status queue (5 × batch_size): with 2 it overflowed on a busy machine here,
+        # its worker died with queue.Full, and it still exited 0 with a score over 2 of 10 samples ("8 missing").
+        "ais_bench": {"dataset_path": str(LOCAL_DATASET / "k3_arith.jsonl"), "max_out_len": 64, "batch_size": 16},
+    }
+    config = profile(tmp_path, {"accuracy": accuracy})
+    assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted, not started again
+    stage = accuracy_stage(config=config)
+    assert stage.verdict == "pass", stage.reason
+    scores = {s["evaluator"]: s for s in stage.data["scores"]}
+    lm, ais = scores["lm_eval"], scores["ais_bench"]
+    assert (lm["dataset"], lm["version"], lm["metric"], lm["score"]) == (
+        "k3_arith",
+        "0.4.13",
+        "exact_match,first-number",
+        0.0,
+    )
+    # counted against the dataset: completed + failed + missing + unparsed = its 10 lines
+    assert (lm["completed"], lm["failed"], lm["missing"], lm["unparsed"], lm["dataset_size"]) == (0, 0, 0, 10, 10)
+    assert (ais["dataset"], ais["version"], ais["metric"]) == ("k3_arith", "3.1.20260630", "accuracy")
+    assert (ais["completed"] + ais["unparsed"], ais["failed"], ais["missing"], ais["dataset_size"]) == (10, 0, 0, 10)
+    assert lm["dataset_hash"].startswith("sha256:") and ais["dataset_hash"].startswith("sha256:")
+    folder = Path(stage.data["folder"])
+    assert list((folder / "lm_eval" / "output").rglob("samples_k3_arith_*.jsonl"))  # raw output kept with the run
+    assert list((folder / "ais_bench" / "work").rglob("summary_*.csv"))
+
+
+@pytest.mark.bench
+def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(served: Served, tmp_path):
+    """Bench cells judged VALID from the real prefix-cache counters, repeats with their spread, goodput from
+    vLLM's own --goodput (the prefix cache is reset before each run: nothing is served from the earlier runs')."""
+    bench = {"repeats": 2, "slo": {"ttft_ms": 600000, "e2el_ms": 600000}}  # two: a median and a spread
+    config = profile(tmp_path, {"bench": bench})
+    assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted, not started again
+    stage = bench_stage(config=config)
+    assert stage.verdict == "pass", stage.reason
+    cells = {c["workload"]: c for c in stage.data["cells"]}
+    assert set(cells) == {"random", "prefix_repetition"} and all(c["valid"] for c in cells.values()), cells
+    cold, warm = cells["random"], cells["prefix_repetition"]
+    assert cold["repeats"] == warm["repeats"] == 2 and cold["completed"] == 40
+    assert 0 <= cold["hit_rate"] < warm["hit_rate"]  # measured from /metrics around each run
+    for c in cells.values():
+        low, high = c["spread"]["output_throughput"]
+        assert low <= c["figures"]["output_throughput"] <= high and c["achieved_concurrency"] > 1
+        assert c["figures"]["request_goodput"] > 0  # SLOs no request misses: goodput is the request rate
+    runs = stage.data["runs"]
+    assert [(r["workload"], r["repeat"]) for r in runs] == [(w, i) for w in cells for i in (1, 2)]
+    folder = Path(stage.data["folder"])
+    assert sorted(p.name for p in folder.glob("random-c2*.json")) == [
+        "random-c2-r2.cache.json", "random-c2-r2.json", "random-c2.cache.json", "random-c2.json",
+    ]  # fmt: skip
+    # the report's bench table shows each cell's median with its spread, as a run's report.md does
+    record = build_record("bench-repeats", None, load_config(config), [stage], stage.started_at, stage.ended_at)
+    report = markdown(record, None, {})
+    median, (low, high) = cold["figures"]["output_throughput"], cold["spread"]["output_throughput"]
+    assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
+
+
+def test_teardown_removes_the_served_ranks_and_leaves_nothing(served: Served):
+    """The module's shared service ends here: teardown removes both ranks, and nothing is left running."""
+    removed = teardown(config=served.config)
     assert sorted(removed.data["removed"]["local0"] + removed.data["removed"]["local1"]) == [
         "vllm-kimi-k3-local0",
         "vllm-kimi-k3-local1",
     ]
-    nothing_left(config)
+    nothing_left(served.config)
 
 
 def test_a_headless_rank_killed_while_requests_are_in_flight_fails_launch_naming_it(prefect_server, tmp_path):

@@ -75,7 +75,7 @@ def config(bed, image: str, tmp_path: Path) -> str:
     data["models"]["target"] = {"repo": f"k3deploy/{CHECKPOINT}", "revision": "main"}
     data["image"] = {"ref": image.split("@")[0] + ":1", "digest": image.split("@")[1]}
     data["serve"]["container"] = {"devices": [], "mounts": [f"{VLLM_ENV}:{VLLM_ENV}:ro"]}
-    # 20 short prompts, not the seed's 100 × 1024 tokens; the prefix-hit workload is test_bench_evidence_local's
+    # 20 short prompts, not the seed's 100 × 1024 tokens; the prefix-hit workload is test_local_profile_e2e's
     data["bench"] = PROFILE["bench"] | {"prefix_hit": False}
     return write_config(tmp_path / "deploy.yaml", data)
 
