@@ -3,7 +3,8 @@ this machine), the scripted checkpoint from the local hub through the real huggi
 passing run through the CLI as the README's main job runs it.
 
 That run leaves the service up (--keep-serving) for this module's tests that only read from a serving engine:
-the server's tool call and reasoning, the REAL lm_eval and AISBench scoring the local dataset, bench repeats
+the server's tool call and reasoning (the tiny checkpoint's scripted parts through the kimi_k3 tokenizer mode and
+parsers, streamed and not, with thinking off), the REAL lm_eval and AISBench scoring the local dataset, bench repeats
 judged from the real prefix-cache counters. Each runs the launch stage, which adopts the running ranks (one vLLM
 start for all of them, the suite's budget: docs/BENCHMARKS.md), then its own stage; not `validate`, whose
 preflight refuses a service port already taken. The module's teardown test then removes the ranks and shows
@@ -35,6 +36,7 @@ from k3deploy.flows.bench import bench as bench_stage
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
+from k3deploy.localprofile import checkpoint as ck
 from k3deploy.paths import runs_dir
 from k3deploy.record import SCHEMA_PATH, build_record
 from k3deploy.report import markdown
@@ -179,14 +181,54 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         },
         timeout=120,
     ).json()
-    message = answer["choices"][0]["message"]
-    call = message["tool_calls"][0]["function"]
+    choice = answer["choices"][0]
+    message = choice["message"]
+    [tool_call] = message["tool_calls"]
+    call = tool_call["function"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+    assert choice["finish_reason"] == "tool_calls" and message["content"] == ck.TOOL_CONTENT
     reasoning = message.get("reasoning") or message.get("reasoning_content")
-    assert reasoning and "get_weather" in reasoning and reasoning not in (message.get("content") or "")
+    assert reasoning == ck.REASONING and "get_weather" in reasoning and reasoning not in message["content"]
     listening = served_sockets()
     assert any(address.endswith(f":{cfg.serve.service_port}") for address in listening)
     assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # nothing beyond loopback
+
+
+def chat(served: Served, stream: bool = False, **body: Any) -> Any:
+    """A chat completion from the served profile (its SSE data lines when streamed)."""
+    cfg = load_config(served.config)
+    url = f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions"
+    asked = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": QUESTION}]} | body
+    if not stream:
+        return httpx.post(url, json=asked, timeout=120).raise_for_status().json()
+    with httpx.stream("POST", url, json=asked | {"stream": True}, timeout=120) as answer:
+        return [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.models
+def test_streaming_delivers_the_scripted_reasoning_content_and_call_in_parts(served: Served):
+    """The kimi_k3 tokenizer mode and parsers, streamed: the checkpoint's scripted reasoning, content and call."""
+    reasoning, content, calls, finish = "", "", [], None
+    for event in chat(served, stream=True, tools=[TOOL_SCHEMA], temperature=0, max_tokens=64):
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
+        content += delta.get("content") or ""
+        calls += delta.get("tool_calls") or []
+        finish = choice.get("finish_reason") or finish
+    assert (reasoning, content, finish) == (ck.REASONING, ck.TOOL_CONTENT, "tool_calls")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+
+
+@pytest.mark.models
+def test_thinking_off_without_tools_returns_the_scripted_content(served: Served):
+    answer = chat(served, temperature=0, max_tokens=64, chat_template_kwargs={"thinking": False})
+    choice = answer["choices"][0]
+    assert choice["message"]["content"] == ck.PLAIN_CONTENT and choice["finish_reason"] == "stop"
+    assert not choice["message"].get("tool_calls")
+    assert not (choice["message"].get("reasoning") or choice["message"].get("reasoning_content"))
 
 
 @pytest.mark.accuracy
