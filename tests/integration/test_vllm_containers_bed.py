@@ -39,6 +39,7 @@ VLLM_ENV = str(vllm_env.VLLM_ENV)
 RUNNER = "10.213.0.1:5000/k3deploy/vllm-cpu-runner:1"
 CHECKPOINT = "tiny-kimi-k3"
 NODES = ["node0", "node1"]
+VLLM_CACHE = "/var/cache/vllm"  # in the container; each node's /srv/vllm-cache
 
 pytestmark = [
     pytest.mark.launch,
@@ -57,9 +58,11 @@ def runner(testbed) -> Iterator[str]:
     folders = [Path(testbed.host(n).srv_dir) / "models" / CHECKPOINT for n in NODES]
     for folder in folders:
         write_checkpoint(folder, scripted=True)
+        (folder.parents[1] / "vllm-cache").mkdir(exist_ok=True)
     yield f"{RUNNER.rsplit(':', 1)[0]}@{image.digest}"
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder.parents[1] / "vllm-cache", ignore_errors=True)
 
 
 def config(bed, image: str, tmp_path: Path) -> str:
@@ -74,7 +77,12 @@ def config(bed, image: str, tmp_path: Path) -> str:
     data = bed_config(bed, hosts=2, serve=serve, cluster__npus_per_node=0)
     data["models"]["target"] = {"repo": f"k3deploy/{CHECKPOINT}", "revision": "main"}
     data["image"] = {"ref": image.split("@")[0] + ":1", "digest": image.split("@")[1]}
-    data["serve"]["container"] = {"devices": [], "mounts": [f"{VLLM_ENV}:{VLLM_ENV}:ro"]}
+    # vLLM keeps what it learns of a model class under VLLM_CACHE_ROOT (modelinfos/); in a fresh container each of
+    # its processes (API servers, engine) finds none and inspects the class in a subprocess that imports torch and
+    # vLLM again. A folder on the node keeps it across processes and starts, as it would torch.compile's cache.
+    data["serve"]["env"]["VLLM_CACHE_ROOT"] = VLLM_CACHE
+    mounts = [f"{VLLM_ENV}:{VLLM_ENV}:ro", f"/srv/vllm-cache:{VLLM_CACHE}"]
+    data["serve"]["container"] = {"devices": [], "mounts": mounts}
     # 20 short prompts, not the seed's 100 × 1024 tokens; the prefix-hit workload is test_local_profile_e2e's
     data["bench"] = PROFILE["bench"] | {"prefix_hit": False}
     return write_config(tmp_path / "deploy.yaml", data)
