@@ -11,6 +11,9 @@ Load with `-p testbed.pytest_plugin` or `pytest_plugins = ["testbed.pytest_plugi
   on hosts; every host it touched is healthy again after the test.
 * `testbed_docker` (function): `testbed_docker(host)` -> docker.DockerClient over
   ssh:// to that host's Podman engine, closed after the test.
+* `testbed_left_as_found` (module, automatic where a module's tests use the bed): what
+  every host runs and is told is read before the module's first test and after its
+  last; a module that leaves a container or an NPU fault behind fails, naming them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pytest
 
 from . import layout
 from .layout import BedState, HostState, load_state, resolve_state_file
+from .procs import http_over_unix
 
 HOSTS_ENV = "K3DEPLOY_TESTBED_HOSTS"
 
@@ -207,3 +211,49 @@ def testbed_docker(testbed: Testbed) -> Iterator[Callable[[HostState | str], Any
         for client in clients:
             with contextlib.suppress(Exception):
                 client.close()
+
+
+def bed_snapshot(testbed: Testbed) -> dict[str, dict[str, Any]]:
+    """What a test could leave behind on each host: its containers (any state) and its NPU faults."""
+    out: dict[str, dict[str, Any]] = {}
+    for h in testbed.hosts:
+        status, body = http_over_unix(h.podman_socket, "/v1.41/containers/json?all=1", timeout=30)
+        if status != 200:
+            raise RuntimeError(f"{h.name}: the Podman API answered {status} listing containers")
+        names = sorted(n.lstrip("/") for c in json.loads(body) for n in c.get("Names") or [])
+        faults_file = Path(h.faults_file)
+        faults = json.loads(faults_file.read_text() or "{}") if faults_file.exists() else {}
+        out[h.name] = {"containers": names, "faults": faults}
+    return out
+
+
+def snapshot_changes(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each host's difference, in words: containers left or gone, faults changed."""
+    changes = []
+    for host in sorted(before.keys() | after.keys()):
+        was, now = before.get(host, {}), after.get(host, {})
+        left = sorted(set(now.get("containers", [])) - set(was.get("containers", [])))
+        gone = sorted(set(was.get("containers", [])) - set(now.get("containers", [])))
+        if left:
+            changes.append(f"{host}: containers left behind: {', '.join(left)}")
+        if gone:
+            changes.append(f"{host}: containers that were there are gone: {', '.join(gone)}")
+        if was.get("faults", {}) != now.get("faults", {}):
+            changes.append(f"{host}: NPU faults {was.get('faults', {})} became {now.get('faults', {})}")
+    return changes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def testbed_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every module of bed tests leaves the bed as it found it: read before and after, any change fails."""
+    uses_bed = any("testbed" in getattr(item, "fixturenames", ()) for item in request.session.items
+                   if getattr(item, "module", None) is request.module)  # fmt: skip
+    if not uses_bed:
+        yield
+        return
+    bed: Testbed = request.getfixturevalue("testbed")
+    before = bed_snapshot(bed)
+    yield
+    changes = snapshot_changes(before, bed_snapshot(bed))
+    if changes:
+        pytest.fail(f"{request.module.__name__} left the test bed changed: " + "; ".join(changes), pytrace=False)

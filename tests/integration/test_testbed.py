@@ -153,6 +153,30 @@ def test_docker_api_over_ssh_pulls_runs_execs_and_removes(
 
 
 @pytest.mark.testbed
+def test_the_bed_check_names_a_container_and_a_fault_left_behind(
+    testbed: Testbed, testbed_docker: Callable[..., Any], testbed_faults: FaultInjector
+) -> None:
+    """What `testbed_left_as_found` reads after each module of bed tests: a left container and a left NPU fault
+    are named with their host; once removed and healed, nothing is."""
+    from testbed.pytest_plugin import bed_snapshot, snapshot_changes
+
+    before = bed_snapshot(testbed)
+    client = testbed_docker("node1")
+    container = client.containers.run(testbed.image_ref, ["sleep", "300"], name="k3tb-left-behind", detach=True)
+    try:
+        testbed_faults.set("node2", {"npus": {"3": {"health": "Alarm"}}})
+        changes = snapshot_changes(before, bed_snapshot(testbed))
+        assert changes == [
+            "node1: containers left behind: k3tb-left-behind",
+            "node2: NPU faults {} became {'npus': {'3': {'health': 'Alarm'}}}",
+        ]
+    finally:
+        container.remove(force=True)
+        testbed_faults.clear()
+    assert snapshot_changes(before, bed_snapshot(testbed)) == []
+
+
+@pytest.mark.testbed
 def test_every_host_pulls_the_image_by_digest(testbed: Testbed, testbed_docker: Callable[..., Any]) -> None:
     ids = {testbed_docker(h).images.pull(testbed.image_ref_by_digest).id for h in testbed.hosts}
     assert ids == {testbed.state.image["id"]}
