@@ -83,7 +83,7 @@ EXIT_POLL_S = 1.0  # how soon a container's exit is noticed
 class DockerRuntime:
     """A container per node through the Docker API (docker SDK over the node's SSH connection)."""
 
-    follow_ends_on_stop = False  # its log stream and exit wait end when the client closes, not before
+    follow_ends_on_stop = False  # its log stream ends when the client closes, not before (its exit watch at stop)
 
     def __init__(self, node: str, client: docker.DockerClient, setup_scripts: Sequence[str] = ()) -> None:
         self.node, self.client, self.setup_scripts = node, client, tuple(setup_scripts)
