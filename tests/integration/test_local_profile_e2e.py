@@ -111,6 +111,17 @@ def served_sockets() -> list[str]:
     return [line.split()[4] for line in out.splitlines() if '"VLLM::' in line or '("vllm"' in line]
 
 
+def chat(served: Served, stream: bool = False, **body: Any) -> Any:
+    """A chat completion from the served profile (its SSE data lines when streamed)."""
+    cfg = load_config(served.config)
+    url = f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions"
+    asked = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": QUESTION}]} | body
+    if not stream:
+        return httpx.post(url, json=asked, timeout=120).raise_for_status().json()
+    with httpx.stream("POST", url, json=asked | {"stream": True}, timeout=120) as answer:
+        return [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+
+
 @pytest.mark.cli
 def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_and_reasoning(served: Served):
     """The README's main job as a person runs it (`k3deploy run -c …`, here with --keep-serving so that the real
@@ -169,18 +180,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         ("local1", 1, ""),
     ]
     cfg = load_config(config)
-    answer = httpx.post(
-        f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions",
-        json={
-            "model": cfg.serve.served_model_name,
-            "messages": [{"role": "user", "content": QUESTION}],
-            "tools": [TOOL_SCHEMA],
-            "tool_choice": "auto",
-            "max_tokens": 64,
-            "temperature": 0,
-        },
-        timeout=120,
-    ).json()
+    answer = chat(served, tools=[TOOL_SCHEMA], tool_choice="auto", max_tokens=64, temperature=0)
     choice = answer["choices"][0]
     message = choice["message"]
     [tool_call] = message["tool_calls"]
@@ -192,17 +192,6 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     listening = served_sockets()
     assert any(address.endswith(f":{cfg.serve.service_port}") for address in listening)
     assert [a for a in listening if not a.startswith("127.0.0.1:")] == []  # nothing beyond loopback
-
-
-def chat(served: Served, stream: bool = False, **body: Any) -> Any:
-    """A chat completion from the served profile (its SSE data lines when streamed)."""
-    cfg = load_config(served.config)
-    url = f"http://127.0.0.1:{cfg.serve.service_port}/v1/chat/completions"
-    asked = {"model": cfg.serve.served_model_name, "messages": [{"role": "user", "content": QUESTION}]} | body
-    if not stream:
-        return httpx.post(url, json=asked, timeout=120).raise_for_status().json()
-    with httpx.stream("POST", url, json=asked | {"stream": True}, timeout=120) as answer:
-        return [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
 
 
 @pytest.mark.models
