@@ -13,6 +13,7 @@ server started here with `auth=True` keeps its auth string in a file only its ow
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -155,7 +157,28 @@ def _auth_string(path: Path) -> str:
 def start(say: Callable[[str], None], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           auth: bool = False) -> ServerInfo:  # fmt: skip
     """Start `prefect server start` in its own session (with auth: basic authentication on its API); wait until
-    /api/health answers. An address other than loopback needs auth, or --insecure."""
+    /api/health answers. An address other than loopback needs auth, or --insecure.
+
+    One start at a time on this machine: a port is chosen free, but the server binds it seconds later, and a
+    second k3deploy (another user's home, a CI job beside) would choose the same one and then take the first
+    server's answers for its own."""
+    with _machine_lock("server-start"):
+        return _start(say, host, port, auth)
+
+
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[None]:
+    """An exclusive lock shared by every k3deploy on this machine, whatever its home; the holder's own
+    deadline bounds the wait."""
+    with open(Path(tempfile.gettempdir()) / f"k3deploy-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _start(say: Callable[[str], None], host: str, port: int, auth: bool) -> ServerInfo:
     address = f"[{host}]" if ":" in host else host
     port = _free_port(host, port)
     url = f"http://{address}:{port}/api"
