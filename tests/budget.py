@@ -5,7 +5,12 @@ in each, so the rows overlap; `all` is the whole). A real vLLM start is a proces
 environment's own `vllm serve` (on this machine or in a bed container, which mounts it at the same path) whose
 parent is not one: its forked engine processes and the stand-in (another program) are not counted. /proc is
 read every second from a thread, and each start is known by its pid and start time; a start lives for tens of
-seconds, so none is missed. Both go to test-artifacts/suite-budget.json for docs/BENCHMARKS.md.
+seconds, so none is missed. Each start is put down to the test named in its own environment (pytest's
+PYTEST_CURRENT_TEST, which the processes a test starts inherit), else to the tests running then. Both go to
+test-artifacts/suite-budget.json for docs/BENCHMARKS.md.
+
+Under pytest-xdist all of it happens once, in the controller: it sees every worker's reports (a test's markers
+come with its report) and samples /proc for the whole machine.
 """
 
 from __future__ import annotations
@@ -25,16 +30,28 @@ NOT_MARKERS = {"parametrize", "usefixtures", "skipif", "skip", "xfail", "timeout
 
 _seconds: dict[str, float] = defaultdict(float)
 _markers: dict[str, set[str]] = {}
+_registered: set[str] = set()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        names = {m.name for m in item.iter_markers()} - NOT_MARKERS
-        _markers[item.nodeid] = names | {"all", "unit" if "/unit/" in item.nodeid else "integration"}
+def plain_id(nodeid: str) -> str:
+    """The test's id without pytest-xdist's `@group` suffix."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _registered.update(line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers"))
+    _registered.difference_update(NOT_MARKERS)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[report.nodeid] += report.duration
+    nodeid = plain_id(report.nodeid)
+    _seconds[nodeid] += report.duration
+    names = {k for k in report.keywords if k in _registered}
+    _markers[nodeid] = names | {"all", "unit" if "/unit/" in nodeid else "integration"}
 
 
 def _argv(pid: str) -> list[str]:
@@ -71,7 +88,7 @@ class StartCounter:
     def __init__(self) -> None:
         self.starts: set[tuple[str, str, bool]] = set()
         self.by_test: dict[str, int] = defaultdict(int)
-        self.current = "(between tests)"
+        self.running: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-start-counter", daemon=True)
         self._thread.start()
@@ -80,9 +97,9 @@ class StartCounter:
         while not self._stop.wait(SAMPLE_S):
             new = serve_starts() - self.starts
             self.starts |= new
-            for *_, headless in new:
+            for pid, _, headless in new:
                 if not headless:
-                    self.by_test[self.current] += 1
+                    self.by_test[started_by(pid) or " | ".join(self.running) or "(between tests)"] += 1
 
     def stop(self) -> tuple[int, int]:
         """(servers, ranks): starts of node 0's API server, and of every rank (headless ones too)."""
@@ -91,17 +108,35 @@ class StartCounter:
         return sum(1 for *_, headless in self.starts if not headless), len(self.starts)
 
 
+def started_by(pid: str) -> str | None:
+    """The test a process was started under, from the PYTEST_CURRENT_TEST it inherited."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return plain_id(entry.split(b"=", 1)[1].decode(errors="replace").rsplit(" (", 1)[0])
+    return None
+
+
 _counter: StartCounter | None = None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _counter
-    _counter = StartCounter()
+    if not is_worker(session.config):
+        _counter = StartCounter()
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     if _counter is not None:
-        _counter.current = nodeid
+        _counter.running.append(plain_id(nodeid))
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if _counter is not None and plain_id(nodeid) in _counter.running:
+        _counter.running.remove(plain_id(nodeid))
 
 
 def budget(seconds: dict[str, float], markers: dict[str, set[str]]) -> dict[str, dict[str, float]]:
@@ -115,7 +150,7 @@ def budget(seconds: dict[str, float], markers: dict[str, set[str]]) -> dict[str,
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if not _seconds:
+    if not _seconds or is_worker(config):
         return
     rows = budget(_seconds, _markers)
     servers, ranks = _counter.stop() if _counter else (0, 0)

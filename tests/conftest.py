@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.prefect_worker",
     "tests.postgres",
     "tests.budget",
+    "tests.sharing",
 ]
 
 

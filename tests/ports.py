@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -18,3 +20,12 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
+
+
+def in_this_netns(proc: Path) -> bool:
+    """Whether a /proc/PID folder's process shares our network namespace: the loopback and ports we look at.
+    The bed's hosts (and their containers) each have their own, and may run the same programs meanwhile."""
+    try:
+        return os.readlink(proc / "ns" / "net") == os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False

@@ -21,6 +21,7 @@ from k3deploy.errors import ValidateFailed
 from k3deploy.flows.validate import validate
 from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
+from tests.ports import in_this_netns
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 PROFILE = Path(__file__).parents[2] / "configs" / "local.yaml"
@@ -70,7 +71,7 @@ def test_killing_a_ranks_tracked_process_during_bench_fails_it_and_teardown_leav
                     text = cmdline.read_bytes()
                 except OSError:
                     continue
-                if b"bench\0serve" in text and env in text and pid_file.exists():
+                if b"bench\0serve" in text and env in text and pid_file.exists() and in_this_netns(cmdline.parent):
                     leader = int(pid_file.read_text())
                     os.kill(leader, signal.SIGKILL)
                     killed["pgid"] = leader

@@ -18,8 +18,9 @@ import yaml
 
 from tests.bisect_cli import K3deploy, stage_flow_runs
 
-pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect,
-              pytest.mark.timeout(1500)]  # fmt: skip
+# alone: the experiments' figures are judged against each other (tests/sharing.py)
+pytestmark = [pytest.mark.alone, pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.vllm,
+              pytest.mark.prefect, pytest.mark.timeout(1500)]  # fmt: skip
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 

@@ -18,8 +18,9 @@ from tests.bisect_cli import K3deploy, stage_flow_runs
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
 
-pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.prefect, pytest.mark.vllm,
-              needs_vllm_env]  # fmt: skip
+# alone: the bad end run again is judged against the first run's figures (tests/sharing.py)
+pytestmark = [pytest.mark.alone, pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.prefect,
+              pytest.mark.vllm, needs_vllm_env]  # fmt: skip
 
 
 class Site:

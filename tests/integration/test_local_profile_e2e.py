@@ -43,7 +43,7 @@ from k3deploy.report import markdown
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
-from tests.ports import port_free
+from tests.ports import in_this_netns, port_free
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 ROOT = Path(__file__).parents[2]
@@ -86,7 +86,7 @@ def nothing_left(config: str) -> None:
     state = Path(cfg.serve.process.state_dir)
     assert not any(state.glob("*/pid")), list(state.iterdir())
     env = cfg.image.environment.path.encode()
-    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if env in cmdline(p)]
+    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if env in cmdline(p) and in_this_netns(p.parent)]
     assert not running, f"processes still run from {cfg.image.environment.path}: {running}"
     assert port_free(cfg.serve.service_port) and port_free(cfg.serve.rpc_port)
     assert cfg.models.local_hub is not None and port_free(cfg.models.local_hub.port)  # the hub was stopped

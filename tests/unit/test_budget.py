@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.budget import budget, is_vllm_serve, serve_starts
+from tests.budget import budget, is_vllm_serve, plain_id, serve_starts, started_by
 from tests.prefect_runs import wait_for
 
 pytestmark = pytest.mark.bed
@@ -41,3 +41,26 @@ def test_a_server_and_its_fork_are_one_start():
         assert serve_starts(FAKE) == starts  # the same start, seen again
     finally:
         proc.communicate(b"\n\n", timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "test"),
+    [("tests/a.py::t@local", "tests/a.py::t"), ("tests/a.py::t[x@y]", "tests/a.py::t[x@y]"),
+     ("tests/a.py::t[x@y]@bed", "tests/a.py::t[x@y]"), ("tests/a.py::t", "tests/a.py::t")],
+)  # fmt: skip
+def test_a_test_is_known_by_its_id_without_xdist_s_group(nodeid, test):
+    assert plain_id(nodeid) == test
+
+
+def test_a_start_is_put_down_to_the_test_in_its_environment():
+    env = {"PYTEST_CURRENT_TEST": "tests/integration/test_x.py::test_y@local (call)", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE, env=env)
+    try:
+        assert started_by(str(proc.pid)) == "tests/integration/test_x.py::test_y"
+    finally:
+        proc.communicate(b"\n", timeout=30)
+    bare = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert started_by(str(bare.pid)) is None
+    finally:
+        bare.communicate(b"\n", timeout=30)
