@@ -37,7 +37,7 @@ def _pydantic_problems(err: ValidationError) -> list[tuple[str, str]]:
     for item in err.errors(include_url=False, include_input=False):
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (typo? see the configuration reference in README.md)"
+            message = "unknown key (typo? see the configuration reference in docs/configuration.md)"
         problems.append((_field_path(item["loc"]), message))
     return problems
 

@@ -151,10 +151,10 @@ def test_pasted_text_plan_runs_as_shell_would_split_it(site_file):
     assert shlex.split(block.replace("\\\n", " ")) == plan.nodes[0].serve_argv
 
 
-def test_readme_reference_is_current():
+def test_the_docs_configuration_reference_is_current():
     from k3deploy.blocks.reference import config_reference
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     start = readme.index("-->\n", readme.index("<!-- config-reference")) + len("-->\n")
     assert readme[start : readme.index("<!-- /config-reference -->")].strip() == config_reference().strip()
 

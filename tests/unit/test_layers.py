@@ -1,6 +1,6 @@
 """The import rule: layers only point down, and no stage package reaches into another's modules.
 
-Layers, bottom to top (README, "How the code is laid out"): the base (errors, the stage contract, paths),
+Layers, bottom to top (docs/architecture.md): the base (errors, the stage contract, paths),
 blocks (configuration), tasks (the stages' work, the transports and what stages share), the record and
 its history and report, flows (orchestration), the application (CLI, server, deployments). A module
 may import its own layer and the ones below. A module that is in no layer fails the test: place it.
