@@ -8,7 +8,6 @@ validate, checks host keys once (preflight), and writes its record after every e
 the same flow run, or `--resume`, takes up the experiments already done.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, runtime
@@ -40,16 +39,14 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.cluster_lock import hold_cluster
 from k3deploy.errors import ValidateFailed
-from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, StageOptions
-from k3deploy.flows.validate import run_stage
+from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions
 from k3deploy.history import RegressionVerdict, comparable
 from k3deploy.record import RunRecord, build_record, read_record, scan_records
-from k3deploy.run_abort import serving, teardown_on_abort
+from k3deploy.run_abort import teardown_on_abort
 from k3deploy.run_report import add_to_report, judged, regressed_keys
-from k3deploy.stage import StageResult, Verdict, now
+from k3deploy.stage import StageResult, now
 
-# Called as (experiment name, its result or None when it starts): how the CLI shows a bisect's progress.
-EXPERIMENT_LISTENERS: list[Callable[[str, Experiment | None], None]] = []
 DEFAULTS = StageOptions()
 
 
@@ -145,36 +142,31 @@ def run_experiment(
     ends: tuple[RunRecord, RunRecord],
     bisect_id: str,
 ) -> Experiment:
-    """The pipeline up to the judged stage (launch on; cached stages reused where an end passed them with these
-    inputs), then teardown; judged against both ends."""
+    """One attempt of the campaign engine: the pipeline up to the judged stage (launch on; cached stages taken
+    from an end that passed them with these inputs), then teardown; judged against both ends."""
     name = experiment_name(applied, names)
-    for listener in EXPERIMENT_LISTENERS:
-        listener(name, None)
-    started, results, rows = now(), list[StageResult](), list[ExperimentStage]()
+    tell(Event("experiment", name))
     body = [s for s in STAGES if s.name not in ("preflight", FINAL)]
-    upto = [s for s in body[: [s.name for s in body].index(target.stage) + 1]]
-    with serving(bisect_id, cfg):
-        for stage in upto:
-            if results and results[-1].verdict is Verdict.FAIL:
-                break
-            reused = reused_pass(stage, cfg, ends, DEFAULTS.model_dump()) if stage.cached else None
-            result = reused[1] if reused else run_stage(stage, cfg, DEFAULTS.model_dump(), bisect_id)
-            results.append(result)
-            rows.append(_row(result, reused[0] if reused else ("this bisect" if result.saved_node_seconds else None)))
-        if any(s.name == "launch" for s in upto):
-            teardown = run_stage(BY_NAME[FINAL], cfg, {}, bisect_id)
-            results.append(teardown)
-            rows.append(_row(teardown, None))
-    record = build_record(f"{bisect_id}:{name}", name, cfg, results, started, now())
+    upto = body[: [s.name for s in body].index(target.stage) + 1]
+    options = DEFAULTS.model_dump()
+
+    def from_an_end(stage: Stage) -> tuple[str, StageResult] | None:
+        return reused_pass(stage, cfg, ends, options) if stage.cached else None
+
+    launched = any(s.name == "launch" for s in upto)
+    attempt = run_attempt(upto, cfg, options, bisect_id, teardown=launched, reuse=from_an_end)
+    rows = [_row(r, attempt.reused_from.get(r.stage) or ("this bisect" if r.saved_node_seconds else None))
+            for r in attempt.results]  # fmt: skip
+    record = build_record(f"{bisect_id}:{name}", name, cfg, attempt.results, attempt.started_at, now())
     judgement = judge_experiment(target, record)
-    experiment = Experiment(name=name, applied=sorted(applied), started_at=started, ended_at=now(), stages=rows,
-                            reproduces=judgement.reproduces, value=judgement.value, spread=judgement.spread,
-                            evidence=judgement.evidence, failed_stage=record.failed_stage, failure=record.failure,
-                            node_seconds=round(sum(r.node_seconds for r in rows), 1),
+    experiment = Experiment(name=name, applied=sorted(applied), started_at=attempt.started_at, ended_at=now(),
+                            stages=rows, reproduces=judgement.reproduces, value=judgement.value,
+                            spread=judgement.spread, evidence=judgement.evidence, failed_stage=record.failed_stage,
+                            failure=record.failure, node_seconds=round(sum(r.node_seconds for r in rows), 1),
                             saved_node_seconds=round(sum(r.saved_node_seconds for r in rows), 1))  # fmt: skip
     get_run_logger().info("experiment %s: %s", name, judgement.evidence)
-    for listener in EXPERIMENT_LISTENERS:
-        listener(name, experiment)
+    like = {True: "like the bad end", False: "like the good end", None: "neither"}[experiment.reproduces]
+    tell(Event("experiment", name, outcome=f"{like}: {experiment.evidence}"))
     return experiment
 
 

@@ -10,7 +10,6 @@ of the same flow run, or `--resume RUN`, runs only the cells not yet recorded.
 """
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, runtime
@@ -21,20 +20,18 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.cluster_lock import hold_cluster
 from k3deploy.errors import ValidateFailed
-from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, StageOptions
-from k3deploy.flows.validate import run_stage
+from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.registry import BY_NAME, STAGES, StageOptions
 from k3deploy.paths import run_folder
 from k3deploy.record import build_record
-from k3deploy.run_abort import serving, teardown_on_abort
-from k3deploy.stage import StageResult, Verdict, now
+from k3deploy.run_abort import teardown_on_abort
+from k3deploy.stage import Verdict, now
 from k3deploy.tasks.stage_cache import stage_inputs_key
 from k3deploy.tasks.teardown import remove_servers_task
 from k3deploy.tune_matrix import CellSpec, TuneMatrix, cell_config, expand, reference_cell
 from k3deploy.tune_record import TuneCell, TuneRecord, cell_of, read_tune, stage_row, write_tune
 from k3deploy.tune_report import tune_html, tune_markdown
 
-# Called as (cell name, its outcome or None when it starts): how the CLI shows a tune's progress.
-CELL_LISTENERS: list[Callable[[str, TuneCell | None], None]] = []
 DEFAULTS = StageOptions()
 TUNE_HTML, TUNE_MD = "tune.html", "tune.md"
 
@@ -134,27 +131,16 @@ def clear_leftovers(configs: list[DeploymentConfig], next_cell: DeploymentConfig
 
 
 def run_cell(spec: CellSpec, cfg: DeploymentConfig, matrix: TuneMatrix, tune_id: str) -> TuneCell:
-    """launch (proved), smoke, bench, accuracy when asked, then teardown; the cell's figures from their results."""
-    for listener in CELL_LISTENERS:
-        listener(spec.name, None)
+    """One attempt of the campaign engine: launch (proved), smoke, bench, accuracy when asked, then teardown; the
+    cell's figures from their results."""
+    tell(Event("cell", spec.name))
     names = ["launch", *(["smoke"] if matrix.smoke else []), "bench", *(["accuracy"] if matrix.accuracy else [])]
-    started, results = now(), list[StageResult]()
-    with serving(tune_id, cfg):
-        for name in names:
-            failed = next((r for r in results if r.verdict is Verdict.FAIL), None)
-            if failed is not None:
-                results.append(
-                    StageResult(stage=name, verdict=Verdict.SKIPPED, reason=f"not run: {failed.stage} failed")
-                )
-            else:
-                results.append(run_stage(BY_NAME[name], cfg, {}, tune_id))
-        results.append(run_stage(BY_NAME[FINAL], cfg, {}, tune_id))
-    record = build_record(f"{tune_id}:{spec.name}", spec.name, cfg, results, started, now())
+    attempt = run_attempt([BY_NAME[name] for name in names], cfg, {}, tune_id)
+    record = build_record(f"{tune_id}:{spec.name}", spec.name, cfg, attempt.results, attempt.started_at, now())
     cell = cell_of(spec.name, json.loads(json.dumps(spec.set, default=str)), record)
     said = cell.failure.describe() if cell.failure else f"{sum(p.valid for p in cell.points)} VALID bench cell(s)"
     get_run_logger().info("cell %s: %s (%s)", spec.name, cell.verdict, said)
-    for listener in CELL_LISTENERS:
-        listener(spec.name, cell)
+    tell(Event("cell", spec.name, outcome=f"{cell.verdict}: {said}"))
     return cell
 
 

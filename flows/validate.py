@@ -1,4 +1,5 @@
-"""`validate`: the stages in sequence as subflows, teardown at the end, one run record and its report.
+"""`validate`: the stages in sequence as subflows (one attempt of the campaign engine, flows/campaign.py),
+teardown at the end, one run record and its report.
 
 The top-level run holds the cluster (one run per cluster at a time). Stages run one after another
 (concurrent subflows can pick up each other's results on a retry, Prefect issue #22259). Cached
@@ -9,7 +10,6 @@ launch and what follows always run. A run cancelled or crashed mid-way tears the
 from its hooks (in the process that killed it).
 """
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from enum import StrEnum
 from typing import Any
@@ -22,64 +22,26 @@ from k3deploy.alerts import alert_message, alert_verdict, send_alert, wanted
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.cluster_lock import cluster_label, hold_cluster
-from k3deploy.errors import K3DeployError, StageFailed, ValidateFailed
-from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions, select
+from k3deploy.errors import ValidateFailed
+from k3deploy.flows.campaign import run_attempt
+from k3deploy.flows.registry import FINAL, STAGES, Stage, StageOptions, select
 from k3deploy.record import RunRecord, build_record
-from k3deploy.run_abort import serving, teardown_on_abort
+from k3deploy.run_abort import teardown_on_abort
 from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.run_report import record_run, write_report
-from k3deploy.stage import StageResult, Verdict, held, now
-from k3deploy.tasks.stage_cache import stage_inputs_key, stage_task
-from k3deploy.tasks.stage_run import error_cause
+from k3deploy.stage import now
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
 # Plain controls in the UI's form (a multi-select, a dropdown): no `| None`, which the form shows as a type switch.
 FROM_THE_START = StageName("preflight")
 
 NIGHTLY = "nightly"  # the scheduled deployment (deployments/definitions.py): its bad runs alert
-# Called as (stage, result or None when it starts): how the CLI shows progress of an in-process run.
-LISTENERS: list[Callable[[str, StageResult | None], None]] = []
-
-
-def _tell(stage: str, result: StageResult | None) -> None:
-    for listener in LISTENERS:
-        listener(stage, result)
-
-
-def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> StageResult:
-    """One stage as a subflow; a failure comes back as its StageResult (the subflow run is Failed)."""
-    _tell(stage.name, None)
-    started = now()
-    chosen = {k: v for k, v in options.items() if k in stage.options}
-    reused = False
-    try:
-        if stage.cached:
-            key = stage_inputs_key(stage, cfg, options, run_id)
-            state = stage_task()(stage.name, stage.load(), cfg, chosen, key, return_state=True)
-            result = state.result()
-            reused = state.name == "Cached"
-            if reused:
-                get_run_logger().info("%s passed in an earlier attempt of this run with the same inputs", stage.name)
-        else:
-            result = stage.load()(config=cfg, **chosen)
-    except StageFailed as err:
-        result = err.result
-    except K3DeployError as err:  # a stage that failed before it could gather findings
-        result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=str(err), started_at=started,
-                             failure=error_cause(err, None))  # fmt: skip
-    result = held(result, len(cfg.cluster.nodes), started, reused)
-    _tell(stage.name, result)
-    return result
 
 
 def chosen_stages(only: tuple[str, ...], from_stage: str) -> list[Stage]:
     """The form's choice: no stage ticked and "from preflight" (its defaults) mean every stage."""
     start = None if from_stage == FROM_THE_START else str(from_stage)
     return select([str(s) for s in only] if only else None, start)
-
-
-def _first_failure(results: list[StageResult]) -> StageResult | None:
-    return next((r for r in results if r.verdict is Verdict.FAIL), None)
 
 
 AS_CONFIGURED_DRAFT = DraftChoice(AS_CONFIGURED)
@@ -117,15 +79,14 @@ def validate(
     # The top-level run holds the cluster; a validate called as a subflow runs under its parent's turn.
     top_level = runtime.flow_run.parent_flow_run_id is None
     turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
-    with turn, serving(run_id, cfg):
-        started = now()
-        results = run_stages(chosen, cfg, stages.model_dump(), run_id, keep_serving)
-        record = build_record(run_id, runtime.flow_run.name, cfg, results, started, now())
+    with turn:
+        attempt = run_attempt(chosen, cfg, stages.model_dump(), run_id, keep_serving=keep_serving)
+        record = build_record(run_id, runtime.flow_run.name, cfg, attempt.results, attempt.started_at, now())
         path = record_run(record)
     report = write_report(record, bench.baseline_run)
     alert(cfg, record, report)
     get_run_logger().info("run record: %s; report: %s", path, report["report"])
-    failed = _first_failure(results)
+    failed = attempt.first_failure()
     if failed is not None:
         raise ValidateFailed(f"validate failed at {failed.stage}: {failed.reason or failed.summary}")
     return {"run_id": run_id, "verdict": record.verdict, "record": path, **report}
@@ -146,22 +107,3 @@ def alert(cfg: DeploymentConfig, record: RunRecord, report: dict[str, str]) -> N
     link = f"{ui.rstrip('/')}/runs/flow-run/{record.run_id}" if ui else None
     message = alert_message(record, report.get("comparison"), cluster_label(cfg.cluster), report["report"], link)
     send_alert(cfg.alerts, message, return_state=True)
-
-
-def run_stages(
-    chosen: list[Stage], cfg: DeploymentConfig, options: dict[str, Any], run_id: str, keep_serving: bool
-) -> list[StageResult]:
-    """The chosen stages in order (skipped after a failure), then teardown unless the service stays up."""
-    results: list[StageResult] = []
-    for stage in chosen:
-        failed = _first_failure(results)
-        if failed is not None:
-            reason = f"not run: {failed.stage} failed"
-            results.append(StageResult(stage=stage.name, verdict=Verdict.SKIPPED, reason=reason))
-        else:
-            results.append(run_stage(stage, cfg, options, run_id))
-    if keep_serving and _first_failure(results) is None:
-        results.append(StageResult(stage=FINAL, verdict=Verdict.SKIPPED, reason="keep_serving: the service is left up"))
-    else:
-        results.append(run_stage(BY_NAME[FINAL], cfg, {}, run_id))
-    return results

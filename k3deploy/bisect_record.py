@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from k3deploy.bisect_search import Outcome, Suspect, Target
 from k3deploy.errors import K3DeployError
-from k3deploy.paths import runs_dir
+from k3deploy.paths import runs_dir, write_document
 from k3deploy.stage import FailureCause, Verdict
 
 BISECT_SCHEMA_VERSION: Final = 1
@@ -90,13 +90,7 @@ def experiment_name(applied: frozenset[str], names: list[str]) -> str:
 
 def write_bisect(record: BisectRecord, root: Path | None = None) -> Path:
     """runs/<bisect id>/bisect.json, written whole."""
-    folder = (root or runs_dir()) / record.bisect_id
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / BISECT_NAME
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(record.model_dump_json(indent=2) + "\n")
-    partial.replace(path)
-    return path
+    return write_document(record.bisect_id, BISECT_NAME, record, root)
 
 
 def bisects_of(bad_run: str, root: Path | None = None) -> list[BisectRecord]:

@@ -228,10 +228,11 @@ def run(
     cfg = _config(config)
     _set_runs_dir(runs_dir)
     with _prefect() as info, _flow_log() as log, _parsed(_source(config), cfg):
-        from k3deploy.cli_output import StageProgress
-        from k3deploy.flows.validate import LISTENERS, validate
+        from k3deploy.cli_output import Progress
+        from k3deploy.flows.campaign import LISTENERS
+        from k3deploy.flows.validate import validate
 
-        LISTENERS.append(StageProgress(err))
+        LISTENERS.append(Progress(err))
         state = validate(
             config=_source(config),
             only=tuple(only or ()),
@@ -309,11 +310,11 @@ def rerun(
 
 def _retry(run: str) -> None:
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import StageProgress
-        from k3deploy.flows.validate import LISTENERS
+        from k3deploy.cli_output import Progress
+        from k3deploy.flows.campaign import LISTENERS
         from k3deploy.rerun import retry
 
-        LISTENERS.append(StageProgress(err))
+        LISTENERS.append(Progress(err))
         state = retry(run, on_state=err.print)
     _print_run(str(state.state_details.flow_run_id), state, info.ui, log)
 
@@ -371,13 +372,11 @@ def bisect(
     source = _source(config) if config else None
     cfg = _config(config) if config else None
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import ExperimentProgress, StageProgress
-        from k3deploy.flows.bisect import EXPERIMENT_LISTENERS
+        from k3deploy.cli_output import Progress
         from k3deploy.flows.bisect import bisect as bisect_flow
-        from k3deploy.flows.validate import LISTENERS
+        from k3deploy.flows.campaign import LISTENERS
 
-        LISTENERS.append(StageProgress(err))
-        EXPERIMENT_LISTENERS.append(ExperimentProgress(err))
+        LISTENERS.append(Progress(err))
         with _parsed(source, cfg) if source and cfg else contextlib.nullcontext():
             state = bisect_flow(
                 run=run_id, config=source or "", good_run=good or "", max_experiments=max_experiments, resume=resume,
@@ -452,13 +451,11 @@ def tune(
         return
     source = _source(config)
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import CellProgress, StageProgress
-        from k3deploy.flows.tune import CELL_LISTENERS
+        from k3deploy.cli_output import Progress
+        from k3deploy.flows.campaign import LISTENERS
         from k3deploy.flows.tune import tune as tune_flow
-        from k3deploy.flows.validate import LISTENERS
 
-        LISTENERS.append(StageProgress(err))
-        CELL_LISTENERS.append(CellProgress(err))
+        LISTENERS.append(Progress(err))
         with _parsed(source, cfg):
             state = tune_flow(config=source, matrix=spec, resume=resume or "", return_state=True)
     _print_tune(str(state.state_details.flow_run_id), state, info.ui, log)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 
-from k3deploy.bisect_record import BisectRecord, Experiment, experiment_rows, verdict_line
+from k3deploy.bisect_record import BisectRecord, experiment_rows, verdict_line
 from k3deploy.history import Comparison
 from k3deploy.record import RunRecord
 from k3deploy.stage import StageResult, Verdict, failure_lines
-from k3deploy.tune_record import TuneCell, TuneRecord
+from k3deploy.tune_record import TuneRecord
+
+if TYPE_CHECKING:  # the flows (and Prefect) load only when a command runs one
+    from k3deploy.flows.campaign import Event
 
 STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIPPED: "yellow", Verdict.NOT_APPLICABLE: "dim"}
 
@@ -18,48 +23,28 @@ def verdict_text(verdict: Verdict) -> str:
     return f"[{STYLE[verdict]}]{verdict.value}[/]"
 
 
-class StageProgress:
-    """Listener for validate: a line when a stage starts and one when it ends."""
+class Progress:
+    """The campaign engine's listener (flows/campaign.py): a line when a stage, an experiment or a cell starts, and
+    one when it ends (a stage's with its failures)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def __call__(self, stage: str, result: StageResult | None) -> None:
-        if result is None:
-            self.console.print(f"[bold]▶ {stage}[/] …")
-            return
-        figure = result.summary or result.reason
-        self.console.print(f"[bold]■ {stage}[/] {verdict_text(result.verdict)} in {result.seconds:.1f} s  {figure}")
-        for line in failure_lines(result.findings, limit=10):
-            self.console.print(f"    {line}", markup=False, highlight=False)
-
-
-class ExperimentProgress:
-    """Listener for bisect: a line when an experiment starts and one with its judgement."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def __call__(self, name: str, experiment: Experiment | None) -> None:
-        if experiment is None:
-            self.console.print(f"[bold]▶▶ experiment {name}[/]", markup=True, highlight=False)
-            return
-        like = {True: "like the bad end", False: "like the good end", None: "neither"}[experiment.reproduces]
-        self.console.print(f"[bold]■■ experiment {name}[/]: {like}: {experiment.evidence}", highlight=False)
-
-
-class CellProgress:
-    """Listener for tune: a line when a cell starts and one with its outcome."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def __call__(self, name: str, cell: TuneCell | None) -> None:
-        if cell is None:
-            self.console.print(f"[bold]▶▶ cell {name}[/]", markup=True, highlight=False)
-            return
-        said = cell.failure.describe() if cell.failure else f"{sum(p.valid for p in cell.points)} VALID bench cell(s)"
-        self.console.print(f"[bold]■■ cell {name}[/]: {cell.verdict}: {said}", highlight=False)
+    def __call__(self, event: Event) -> None:
+        if event.kind != "stage":
+            mark = "■■" if event.ended else "▶▶"
+            said = f": {event.outcome}" if event.ended else ""
+            self.console.print(f"[bold]{mark} {event.kind} {event.name}[/]{said}", highlight=False)
+        elif event.result is None:
+            self.console.print(f"[bold]▶ {event.name}[/] …")
+        else:
+            result = event.result
+            figure = result.summary or result.reason
+            self.console.print(
+                f"[bold]■ {event.name}[/] {verdict_text(result.verdict)} in {result.seconds:.1f} s  {figure}"
+            )
+            for line in failure_lines(result.findings, limit=10):
+                self.console.print(f"    {line}", markup=False, highlight=False)
 
 
 def print_tune(console: Console, record: TuneRecord) -> None:

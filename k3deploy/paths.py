@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pydantic import BaseModel
+
 
 def runs_dir() -> Path:
     """The runs store: $K3DEPLOY_RUNS_DIR, else ./runs; one folder per run (record, logs)."""
@@ -19,3 +21,15 @@ def run_folder(run_id: str, part: str | None = None) -> Path:
     """The folder of one run (its root flow run's id), or of one part of it: `logs`, `bench`, `accuracy`."""
     folder = runs_dir() / run_id
     return folder / part if part else folder
+
+
+def write_document(folder_id: str, name: str, document: BaseModel, root: Path | None = None) -> Path:
+    """The one writer of the runs store's records (run, bisect, tune): `<root>/<folder_id>/<name>`, written whole
+    (a reader, or a worker on another host reading the shared store, never sees half a record)."""
+    folder = (root or runs_dir()) / folder_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    partial = path.with_name(f"{name}.partial")
+    partial.write_text(document.model_dump_json(indent=2) + "\n")
+    partial.replace(path)
+    return path

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.errors import K3DeployError, UnreadableEvidence
-from k3deploy.paths import runs_dir
+from k3deploy.paths import runs_dir, write_document
 from k3deploy.stage import FailureCause, StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
@@ -255,13 +255,7 @@ def build_record(
 
 def write_record(record: RunRecord, root: Path | None = None) -> Path:
     """runs/<run id>/record.json, written whole (a reader never sees half a record)."""
-    folder = (root or runs_dir()) / record.run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / RECORD_NAME
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(record.model_dump_json(indent=2) + "\n")
-    partial.replace(path)
-    return path
+    return write_document(record.run_id, RECORD_NAME, record, root)
 
 
 def read_record(run: str, root: Path | None = None) -> RunRecord:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from k3deploy.bisect_record import ExperimentStage
 from k3deploy.errors import K3DeployError
 from k3deploy.history import bench_cells
-from k3deploy.paths import runs_dir
+from k3deploy.paths import runs_dir, write_document
 from k3deploy.record import RunRecord
 from k3deploy.stage import FailureCause, StageResult
 
@@ -109,13 +109,7 @@ def cell_of(name: str, settings: dict[str, Any], record: RunRecord) -> TuneCell:
 
 def write_tune(record: TuneRecord, root: Path | None = None) -> Path:
     """runs/<tune id>/tune.json, written whole."""
-    folder = (root or runs_dir()) / record.tune_id
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / TUNE_NAME
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(record.model_dump_json(indent=2) + "\n")
-    partial.replace(path)
-    return path
+    return write_document(record.tune_id, TUNE_NAME, record, root)
 
 
 def read_tune(tune_id: str, root: Path | None = None) -> TuneRecord | None:

@@ -1,0 +1,77 @@
+"""The campaign engine's run loop (flows/campaign.py) with plain functions as stages: what runs, what is skipped
+after a failure, what is taken from an earlier pass, when teardown runs, and what the listeners hear. The real
+stages through it: validate's, bisect's and tune's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3deploy.blocks.loader import load_config
+from k3deploy.errors import StageFailed
+from k3deploy.flows import campaign
+from k3deploy.flows.campaign import Event, run_attempt
+from k3deploy.flows.registry import Stage
+from k3deploy.stage import StageResult, Verdict
+
+pytestmark = pytest.mark.prefect
+CFG = load_config(Path(__file__).parents[2] / "configs" / "local.yaml")
+
+
+# What ran is what the listeners heard start: the engine tells every stage it runs, and only those.
+
+
+def passing(config) -> StageResult:
+    return StageResult(stage="a", verdict=Verdict.PASS, summary="fine")
+
+
+def failing(config) -> StageResult:
+    raise StageFailed(StageResult(stage="b", verdict=Verdict.FAIL, reason="broke"))
+
+
+def stage(name: str, function: str) -> Stage:
+    return Stage(name, f"tests.unit.test_campaign:{function}", name)
+
+
+@pytest.fixture
+def heard(monkeypatch) -> list[Event]:
+    events: list[Event] = []
+    monkeypatch.setattr(campaign, "LISTENERS", [events.append])
+    return events
+
+
+def test_after_the_first_failure_every_stage_is_skipped_not_run_and_the_listeners_hear_each_run(heard):
+    stages = [stage("a", "passing"), stage("b", "failing"), stage("c", "passing")]
+    attempt = run_attempt(stages, CFG, {}, "run-1", teardown=False)
+    assert [(r.stage, r.verdict) for r in attempt.results] == [("a", Verdict.PASS), ("b", Verdict.FAIL),
+                                                               ("c", Verdict.SKIPPED)]  # fmt: skip
+    assert attempt.results[2].reason == "not run: b failed" and attempt.first_failure() is attempt.results[1]
+    assert [(e.kind, e.name, e.ended) for e in heard] == [("stage", "a", False), ("stage", "a", True),
+                                                          ("stage", "b", False), ("stage", "b", True)]  # fmt: skip
+    assert heard[3].result is attempt.results[1]
+
+
+def test_a_stage_taken_from_an_earlier_pass_is_not_run_and_says_whose_pass_it_was(heard):
+    earlier = StageResult(stage="b", verdict=Verdict.PASS, summary="from before")
+    stages = [stage("a", "passing"), stage("b", "failing")]
+    attempt = run_attempt(stages, CFG, {}, "run-1", teardown=False,
+                          reuse=lambda s: ("good-run", earlier) if s.name == "b" else None)  # fmt: skip
+    assert [e.name for e in heard] == ["a", "a"]  # b was not run
+    assert attempt.results[1] is earlier and attempt.reused_from == {"b": "good-run"}
+    assert attempt.first_failure() is None
+
+
+def test_keeping_a_passing_service_up_records_teardown_as_skipped_and_runs_none(heard):
+    attempt = run_attempt([stage("a", "passing")], CFG, {}, "run-1", keep_serving=True)
+    assert [(r.stage, r.verdict, r.reason) for r in attempt.results][-1] == (
+        "teardown",
+        Verdict.SKIPPED,
+        "keep_serving: the service is left up",
+    )
+    assert [e.name for e in heard] == ["a", "a"]  # teardown never started
+
+
+def test_without_teardown_nothing_follows_the_stages(heard):
+    attempt = run_attempt([stage("b", "failing")], CFG, {}, "run-1", teardown=False, keep_serving=True)
+    assert [r.stage for r in attempt.results] == ["b"]  # a failed run is not kept up, and no teardown was asked
