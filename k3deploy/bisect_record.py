@@ -8,12 +8,13 @@ resumes from it.
 
 from __future__ import annotations
 
-import html
 import json
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import jinja2
 from pydantic import BaseModel, Field, ValidationError
 
 from k3deploy.bisect_search import Outcome, Suspect, Target
@@ -156,20 +157,10 @@ def bisect_markdown(record: BisectRecord) -> str:
 
 
 def bisect_html(record: BisectRecord) -> str:
-    """The bisect's section of the bad run's HTML report."""
-    e = html.escape
-    suspects = "".join(f"<li>{e(s.name)} ({e(s.kind.value)}): {e(s.describe())}</li>" for s in record.suspects)
-    fixed = "".join(f"<li>{e(f)}</li>" for f in record.fixed)
-    head = "".join(f"<th>{e(h)}</th>" for h in ("experiment", "verdict", "evidence", "reused", "node·s"))
-    rows = "".join("<tr>" + "".join(f"<td>{e(v)}</td>" for v in row.values()) + "</tr>"
-                   for row in experiment_rows(record))  # fmt: skip
-    return (
-        f"<section id='bisect-{e(record.bisect_id)}'><h2>Bisect {e(record.bisect_id)}</h2>"
-        f"<p><b>{e(verdict_line(record))}</b></p><p>Judged on {e(record.target.describe())}; last pass "
-        f"{e(record.good_run)}.</p><p>Suspects:</p><ul>{suspects or '<li>(none)</li>'}</ul>"
-        + (f"<p>Differences no experiment can vary:</p><ul>{fixed}</ul>" if fixed else "")
-        + f"<table><tr>{head}</tr>{rows}</table><p>{e(record.spend())}.</p></section>"
-    )
+    """The bisect's section of the bad run's HTML report (k3deploy/templates/bisect_section.html.j2)."""
+    text = resources.files("k3deploy").joinpath("templates/bisect_section.html.j2").read_text()
+    template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(text)
+    return template.render(record=record, verdict=verdict_line(record), rows=experiment_rows(record))
 
 
 def json_schema() -> dict[str, Any]:

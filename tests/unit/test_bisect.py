@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.bisect_record import BISECT_SCHEMA_PATH, BisectRecord, bisect_markdown, json_schema
+from k3deploy.bisect_record import BISECT_SCHEMA_PATH, BisectRecord, bisect_html, bisect_markdown, json_schema
 from k3deploy.bisect_search import (
     BisectVerdict,
     Need,
@@ -181,6 +181,19 @@ def test_the_bisect_schema_in_the_repo_is_current_and_a_record_reads_back():
     again = BisectRecord.model_validate_json(record.model_dump_json())
     assert again == record
     assert "**culprit: serve.max_num_seqs — it alone**" in bisect_markdown(again)
+
+
+def test_the_report_section_of_a_bisect_escapes_what_it_quotes_and_lists_suspects_and_verdict():
+    outcome = Outcome(verdict=BisectVerdict.CULPRIT, culprits=["serve.max_num_seqs"], reason="<it> alone & only")
+    found, _ = suspects(GOOD, BAD)
+    record = BisectRecord(bisect_id="b1", bad_run=BAD.run_id, good_run=GOOD.run_id, started_at=BAD.started_at,
+                          max_experiments=8, target=target_of(GOOD, BAD, [TTFT]), suspects=found, outcome=outcome,
+                          fixed=["image <digest>"])  # fmt: skip
+    section = bisect_html(record)
+    assert section.startswith("<section id='bisect-b1'><h2>Bisect b1</h2>") and section.endswith("</section>")
+    assert "culprit: serve.max_num_seqs — &lt;it&gt; alone &amp; only" in section and "<it>" not in section
+    assert all(f"<li>{s.name} (" in section for s in found) and "<li>image &lt;digest&gt;</li>" in section
+    assert f"last pass {GOOD.run_id}." in section and section.count("<th>") == 5
 
 
 def test_a_cached_stage_is_reused_from_an_end_that_passed_it_with_the_same_inputs():
