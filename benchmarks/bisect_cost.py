@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3deploy.bisect_record import BISECT_NAME, BisectRecord
-from k3deploy.record import read_record
+from k3deploy.records.bisect_record import BISECT_NAME, BisectRecord
+from k3deploy.records.record import read_record
 
 
 def main() -> None:

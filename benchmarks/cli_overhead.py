@@ -9,14 +9,14 @@ on loopback once (K3DEPLOY_HOME) and reuses it. This measures both, side by side
   the local hub on the bed bridge, downloaded and verified by warm-up runs: nothing hashed, nothing
   fetched, the verification a Prefect cache hit). The warm-up runs name the k3deploy server in
   PREFECT_API_URL: without it, a download's progress updates (made from the node fan-out's worker
-  threads, which do not see the settings `k3deploy.server.using` sets in a context variable) start
+  threads, which do not see the settings `k3deploy.cli.server.using` sets in a context variable) start
   Prefect's temporary server in that thread and fail with "404 Artifact not found"; an unchanged
   rerun makes no such update;
 * the empty stage: `k3deploy rerun -c CFG teardown` with nothing running (connects to the 4 nodes,
   lists containers, removes nothing);
 * the floor: an empty Prefect flow called in this process with the CLI's settings
-  (`k3deploy.server.using`), the first call in the process and later calls; and the bare imports
-  (`python3 -c "import k3deploy.cli, <the stage's flow module>"`), which every command pays, and
+  (`k3deploy.cli.server.using`), the first call in the process and later calls; and the bare imports
+  (`python3 -c "import k3deploy.cli.app, <the stage's flow module>"`), which every command pays, and
   `k3deploy plan -c CFG` (start-up and config validation, no Prefect server involved);
 * the old way: the same flow with no PREFECT_API_URL and no k3deploy server, so Prefect starts its
   temporary server in the process (`python3 -c` importing the stage's flow and calling it, with the
@@ -144,7 +144,7 @@ def newest_flow_seconds_api(url: str, flow_name: str) -> float:
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    from k3deploy.server import ServerInfo, using
+    from k3deploy.cli.server import ServerInfo, using
 
     with using(ServerInfo(url, None)), get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
@@ -225,7 +225,7 @@ class Bench:
         from k3deploy.flows.registry import stage as find
 
         module = find(stage).flow.split(":")[0]
-        wall, _, _ = timed([sys.executable, "-c", f"import k3deploy.cli, {module}"], self.own_env(self.home))
+        wall, _, _ = timed([sys.executable, "-c", f"import k3deploy.cli.app, {module}"], self.own_env(self.home))
         return Sample(wall)
 
     def stop_servers(self) -> None:
@@ -244,7 +244,7 @@ def empty_flow_samples(url: str, count: int) -> tuple[Sample, list[Sample]]:
     """An empty flow called here with the CLI's settings: the first call in this process, then later calls."""
     from prefect import flow
 
-    from k3deploy.server import ServerInfo, using
+    from k3deploy.cli.server import ServerInfo, using
 
     def nothing() -> None:
         return None
@@ -296,8 +296,8 @@ def measure(bench: Bench, repeat: int) -> tuple[dict[str, Case], dict[str, Any]]
             ("teardown_ephemeral", "`teardown` flow, nothing running — Prefect's temporary server"),
             ("empty_first", "empty flow in-process, first call (CLI settings, k3deploy's server)"),
             ("empty_later", "empty flow in-process, later calls"),
-            ("imports_models", "`python3 -c 'import k3deploy.cli, k3deploy.flows.models'`"),
-            ("imports_teardown", "`python3 -c 'import k3deploy.cli, k3deploy.flows.teardown'`"),
+            ("imports_models", "`python3 -c 'import k3deploy.cli.app, k3deploy.flows.models'`"),
+            ("imports_teardown", "`python3 -c 'import k3deploy.cli.app, k3deploy.flows.teardown'`"),
             ("plan", "`k3deploy plan -c CFG`: start-up and config validation, no Prefect server"),
             ("cold_teardown", "`rerun teardown`, first command: starts k3deploy's server (fresh home)"),
             ("warm_teardown", "`rerun teardown`, the next command: reuses it"),

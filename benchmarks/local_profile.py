@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.record import RunRecord
+from k3deploy.records.record import RunRecord
 
 ROOT = Path(__file__).parents[1]
 PROFILE = ROOT / "configs" / "local.yaml"

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from k3deploy.tasks.models.listing import Listing, RemoteFile
-from k3deploy.tasks.models.node_agent import sha256_file, verify_checkpoint
+from k3deploy.tasks.node.node_agent import sha256_file, verify_checkpoint
 
 PEAK_RSS = (
-    "import resource,sys; from pathlib import Path; from tasks.models.node_agent import sha256_file;"
+    "import resource,sys; from pathlib import Path; from tasks.node.node_agent import sha256_file;"
     "sha256_file(Path(sys.argv[1])); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 )
 

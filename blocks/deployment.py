@@ -18,7 +18,7 @@ from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.blocks.smoke import SmokeConfig
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 
 # Settings that do not change what runs on the nodes: left out of the servers' fingerprint.
 NOT_SERVING: dict[str, Any] = {

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from k3deploy.blocks.deployment import DeploymentConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.loader import load_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 
 ConfigSource = str | DeploymentConfig
 """How a flow is told its deployment: a YAML path, a saved DeploymentConfig block's name, or the config."""

@@ -19,12 +19,12 @@ from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 from prefect.workers.process import ProcessWorker
 
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES
 from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import NIGHTLY, validate
-from k3deploy.paths import runs_dir
 from k3deploy.tasks.transport.sftp_store import shared_store
 
 if TYPE_CHECKING:

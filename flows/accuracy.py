@@ -11,9 +11,9 @@ from dataclasses import asdict
 from prefect import flow, runtime
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import AccuracyStageFailed
-from k3deploy.paths import run_folder
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import AccuracyStageFailed
+from k3deploy.core.paths import run_folder
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.accuracy.outcome import evaluator_settings, score_findings, summary
 from k3deploy.tasks.accuracy.results import Score
 from k3deploy.tasks.accuracy.steps import provision_evaluator, run_ais_bench, run_lm_eval

@@ -14,9 +14,9 @@ from dataclasses import asdict
 from prefect import flow, runtime
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import BenchStageFailed
-from k3deploy.paths import run_folder
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import BenchStageFailed
+from k3deploy.core.paths import run_folder
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.bench.sweep import Sweep, headline, settings
 from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.stage_run import StageRun

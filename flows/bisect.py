@@ -14,7 +14,15 @@ from prefect import flow, runtime
 from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
-from k3deploy.bisect_record import (
+from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.blocks.source import resolve_config
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.stage import StageResult, now
+from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.cluster_lock import hold_cluster
+from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions
+from k3deploy.flows.run_abort import teardown_on_abort
+from k3deploy.records.bisect_record import (
     BisectRecord,
     Experiment,
     ExperimentStage,
@@ -24,7 +32,7 @@ from k3deploy.bisect_record import (
     read_bisect,
     write_bisect,
 )
-from k3deploy.bisect_search import (
+from k3deploy.records.bisect_search import (
     Need,
     Target,
     compose,
@@ -34,18 +42,10 @@ from k3deploy.bisect_search import (
     reused_pass,
     target_of,
 )
-from k3deploy.bisect_search import suspects as find_suspects
-from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.blocks.source import resolve_config
-from k3deploy.cluster_lock import hold_cluster
-from k3deploy.errors import ValidateFailed
-from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
-from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions
-from k3deploy.history import RegressionVerdict, comparable
-from k3deploy.record import RunRecord, build_record, read_record, scan_records
-from k3deploy.run_abort import teardown_on_abort
-from k3deploy.run_report import add_to_report, judged, regressed_keys
-from k3deploy.stage import StageResult, now
+from k3deploy.records.bisect_search import suspects as find_suspects
+from k3deploy.records.history import RegressionVerdict, comparable
+from k3deploy.records.record import RunRecord, build_record, read_record, scan_records
+from k3deploy.records.run_report import add_to_report, judged, regressed_keys
 
 DEFAULTS = StageOptions()
 

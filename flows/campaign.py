@@ -15,10 +15,10 @@ from typing import Any, Literal
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError, StageFailed
+from k3deploy.core.errors import K3DeployError, StageFailed
+from k3deploy.core.stage import StageResult, Verdict, held, now
 from k3deploy.flows.registry import BY_NAME, FINAL, Stage
-from k3deploy.run_abort import serving
-from k3deploy.stage import StageResult, Verdict, held, now
+from k3deploy.flows.run_abort import serving
 from k3deploy.tasks.stage_cache import stage_inputs_key, stage_task
 from k3deploy.tasks.stage_run import error_cause
 

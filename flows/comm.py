@@ -3,8 +3,8 @@
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import CommStageFailed
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import CommStageFailed
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.comm.report import CommReport
 from k3deploy.tasks.comm.steps import CommChecksFailed, comm_checks, reach_every_node
 from k3deploy.tasks.stage_run import StageRun

@@ -5,8 +5,8 @@ from dataclasses import asdict
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import ImageStageFailed
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import ImageStageFailed
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.image.establish import establish_image
 from k3deploy.tasks.stage_run import StageRun
 

@@ -10,10 +10,10 @@ from dataclasses import asdict
 from prefect import flow, runtime
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import LaunchStageFailed
-from k3deploy.paths import run_folder
-from k3deploy.run_abort import serving, teardown_on_abort
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import LaunchStageFailed
+from k3deploy.core.paths import run_folder
+from k3deploy.core.stage import StageResult
+from k3deploy.flows.run_abort import serving, teardown_on_abort
 from k3deploy.tasks.launch.steps import (
     LaunchRecord,
     ServiceNotReady,

@@ -7,8 +7,8 @@ from prefect import flow
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import ModelsStageFailed
-from k3deploy.stage import Finding, StageResult
+from k3deploy.core.errors import ModelsStageFailed
+from k3deploy.core.stage import Finding, StageResult
 from k3deploy.tasks.models.localhub import local_hub
 from k3deploy.tasks.models.outcome import CheckpointOutcome, ModelsOutcome, content_findings, files_to_fetch
 from k3deploy.tasks.models.steps import (

@@ -8,8 +8,8 @@ from prefect import flow
 from pydantic_core import to_jsonable_python
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import PreflightFailed
-from k3deploy.stage import Finding, StageResult
+from k3deploy.core.errors import PreflightFailed
+from k3deploy.core.stage import Finding, StageResult
 from k3deploy.tasks.preflight.evaluate import FactResult, table_row
 from k3deploy.tasks.preflight.facts import FACT_NAMES
 from k3deploy.tasks.preflight.gather import gather_node_facts

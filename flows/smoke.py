@@ -7,8 +7,8 @@ the stage within seconds, naming node and DP rank (tasks/watch/liveness.py).
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import SmokeStageFailed
-from k3deploy.stage import StageResult
+from k3deploy.core.errors import SmokeStageFailed
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.smoke.steps import context, served_vision, smoke_checks
 from k3deploy.tasks.stage_run import StageRun

@@ -3,8 +3,8 @@
 from prefect import flow
 
 from k3deploy.blocks.source import ConfigSource, resolve_config
-from k3deploy.errors import TeardownFailed, TeardownIncomplete
-from k3deploy.stage import Finding, StageResult
+from k3deploy.core.errors import TeardownFailed, TeardownIncomplete
+from k3deploy.core.stage import Finding, StageResult
 from k3deploy.tasks.stage_run import StageRun
 from k3deploy.tasks.teardown import remove_servers_task, removed_summary
 

@@ -18,19 +18,19 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
-from k3deploy.cluster_lock import hold_cluster
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.paths import run_folder
+from k3deploy.core.stage import Verdict, now
 from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.cluster_lock import hold_cluster
 from k3deploy.flows.registry import BY_NAME, STAGES, StageOptions
-from k3deploy.paths import run_folder
-from k3deploy.record import build_record
-from k3deploy.run_abort import teardown_on_abort
-from k3deploy.stage import Verdict, now
+from k3deploy.flows.run_abort import teardown_on_abort
+from k3deploy.flows.tune_matrix import CellSpec, TuneMatrix, cell_config, expand, reference_cell
+from k3deploy.records.record import build_record
+from k3deploy.records.tune_record import TuneCell, TuneRecord, cell_of, read_tune, stage_row, write_tune
+from k3deploy.records.tune_report import tune_html, tune_markdown
 from k3deploy.tasks.stage_cache import stage_inputs_key
 from k3deploy.tasks.teardown import remove_servers_task
-from k3deploy.tune_matrix import CellSpec, TuneMatrix, cell_config, expand, reference_cell
-from k3deploy.tune_record import TuneCell, TuneRecord, cell_of, read_tune, stage_row, write_tune
-from k3deploy.tune_report import tune_html, tune_markdown
 
 DEFAULTS = StageOptions()
 TUNE_HTML, TUNE_MD = "tune.html", "tune.md"

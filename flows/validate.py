@@ -18,18 +18,18 @@ from prefect import flow, runtime
 from prefect.logging import get_run_logger
 from prefect.settings import PREFECT_UI_URL
 
-from k3deploy.alerts import alert_message, alert_verdict, send_alert, wanted
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
-from k3deploy.cluster_lock import cluster_label, hold_cluster
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.stage import now
 from k3deploy.flows.campaign import run_attempt
+from k3deploy.flows.cluster_lock import cluster_label, hold_cluster
 from k3deploy.flows.registry import FINAL, STAGES, Stage, StageOptions, select
-from k3deploy.record import RunRecord, build_record
-from k3deploy.run_abort import teardown_on_abort
-from k3deploy.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
-from k3deploy.run_report import record_run, write_report
-from k3deploy.stage import now
+from k3deploy.flows.run_abort import teardown_on_abort
+from k3deploy.flows.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
+from k3deploy.records.alerts import alert_message, alert_verdict, send_alert, wanted
+from k3deploy.records.record import RunRecord, build_record
+from k3deploy.records.run_report import record_run, write_report
 
 StageName = StrEnum("StageName", {s.name: s.name for s in STAGES if s.name != FINAL})  # type: ignore[misc]
 # Plain controls in the UI's form (a multi-select, a dropdown): no `| None`, which the form shows as a type switch.

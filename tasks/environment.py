@@ -13,7 +13,7 @@ import re
 import shlex
 
 from k3deploy.blocks.image import ServingEnvironment
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 
 MARKER = ".k3deploy-environment.json"
 READY_LINE = "k3deploy: environment ready"
@@ -100,7 +100,7 @@ def environment_id(freeze: str) -> str:
 
 def identity_findings(ids: dict[str, str]) -> list[Finding]:
     """Every node's environment id against the others'."""
-    from k3deploy.agreement import majority, split
+    from k3deploy.core.agreement import majority, split
 
     usual = majority(ids.values())
     if usual is None and len(set(ids.values())) > 1:

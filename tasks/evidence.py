@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 
 
 def _reject_constant(name: str) -> float:

@@ -22,7 +22,7 @@ import docker.errors
 import requests
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 from k3deploy.tasks.launch.containers import ContainerError, Started, labelled, remove_labelled, start_or_adopt
 from k3deploy.tasks.launch.live import LiveServer, from_inspect, from_proc, proc_read_script
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced

@@ -17,7 +17,7 @@ from prefect import Task, task
 from prefect.context import TaskRunContext
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.stage import StageResult
+from k3deploy.core.stage import StageResult
 from k3deploy.tasks.transport.sftp_store import shared_store
 
 

@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
-from k3deploy.errors import K3DeployError, ServiceLost, StageFailed
-from k3deploy.stage import FailureCause, FailureClass, Finding, StageResult, Verdict, failure_lines, now
+from k3deploy.core.errors import K3DeployError, ServiceLost, StageFailed
+from k3deploy.core.stage import FailureCause, FailureClass, Finding, StageResult, Verdict, failure_lines, now
 
 
 class StageRun:

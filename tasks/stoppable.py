@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from k3deploy.errors import CommandTimeout, K3DeployError
+from k3deploy.core.errors import CommandTimeout, K3DeployError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     TIMEOUT_EXIT_CODES,

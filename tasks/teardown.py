@@ -1,6 +1,6 @@
 """Teardown: every server of a config (or of one run) stopped and removed on every node, and proven gone.
 
-Shared by the teardown stage, launch's clean-up on failure and the abort hook (k3deploy/run_abort.py).
+Shared by the teardown stage, launch's clean-up on failure and the abort hook (flows/run_abort.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError, TeardownIncomplete
+from k3deploy.core.errors import K3DeployError, TeardownIncomplete
 from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL
 from k3deploy.tasks.runtime import ServersSurvived, node_runtime
 

@@ -14,7 +14,7 @@ import jsonschema
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
-from k3deploy.bisect_record import BISECT_SCHEMA_PATH
+from k3deploy.records.bisect_record import BISECT_SCHEMA_PATH
 
 ROOT = Path(__file__).parents[1]
 

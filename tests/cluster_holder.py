@@ -12,7 +12,7 @@ import time
 from prefect import flow, runtime
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.cluster_lock import hold_cluster
+from k3deploy.flows.cluster_lock import hold_cluster
 
 
 @flow(name="hold-cluster")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from k3deploy.core.stage import StageResult, failure_lines
 from k3deploy.flows.models import models
 from k3deploy.localhub import HubServer
-from k3deploy.stage import StageResult, failure_lines
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_config, write_config
 

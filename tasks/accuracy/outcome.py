@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3deploy.blocks.accuracy import AccuracyConfig, AisBenchSettings, LmEvalSettings, Scoring
-from k3deploy.errors import ConfigError
-from k3deploy.stage import FailureClass, Finding
+from k3deploy.core.errors import ConfigError
+from k3deploy.core.stage import FailureClass, Finding
 from k3deploy.tasks.accuracy.results import Score, against_baseline
 
 

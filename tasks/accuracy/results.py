@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.blocks.accuracy import Scoring
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks.evidence import figure, load_json_object
 
 INVALID = {"", "[invalid]"}

@@ -15,7 +15,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.accuracy import AisBenchSettings, EvaluatorEnvironment, LmEvalSettings
 from k3deploy.blocks.image import ServingEnvironment
-from k3deploy.errors import ToolFailed
+from k3deploy.core.errors import ToolFailed
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, count_lines, dataset_hash, lm_eval_scores
 from k3deploy.tasks.environment import provision_script

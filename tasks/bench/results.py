@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.bench import Baseline
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks import metrics
 from k3deploy.tasks.evidence import count, figure, finite, load_json_object
 

@@ -22,7 +22,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import CommandTimeout, NodeError, ToolFailed, UnreadableEvidence
+from k3deploy.core.errors import CommandTimeout, NodeError, ToolFailed, UnreadableEvidence
 from k3deploy.tasks.bench.results import (
     BenchRun,
     acceptance,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.stage import FailureClass, Finding
+from k3deploy.core.stage import FailureClass, Finding
 from k3deploy.tasks.bench.cells import Cell, Serving, cell, row, summary
 from k3deploy.tasks.bench.results import BenchRun, against_baselines
 from k3deploy.tasks.bench.steps import planned_runs, reset_prefix_cache, run_bench, saved_run

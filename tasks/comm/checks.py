@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.node_facts import ToolPaths
 

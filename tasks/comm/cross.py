@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from k3deploy.agreement import majority
-from k3deploy.stage import Finding
+from k3deploy.core.agreement import majority
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.comm.finding import fail
 
 Key = tuple[str, int | None]  # (node, NPU or None for a node-wide value)

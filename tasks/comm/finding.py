@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 
 
 def placed(node: str, npu: int | None, check: str, ok: bool, detail: str, peer: str | None = None) -> Finding:

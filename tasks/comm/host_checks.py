@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.batch import first_line, outcome
 from k3deploy.tasks.comm.finding import fail, ok
 from k3deploy.tasks.node_facts import ToolPaths, driver_version, firmware_version, listening

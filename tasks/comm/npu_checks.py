@@ -11,7 +11,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.batch import first_line, outcome
 from k3deploy.tasks.comm.finding import fail, ok
 from k3deploy.tasks.comm.topology import DIES_PER_BOARD, board_die, logical_id

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.comm.checks import HOST_CHECKS, NPU_CHECKS, NPU_GROUPS
 
 _ORDER = {name: i for i, name in enumerate(HOST_CHECKS + NPU_CHECKS)}

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from k3deploy.blocks.cluster import COMM_PLANES, ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
-from k3deploy.errors import CommandTimeout, TransportError
-from k3deploy.stage import Finding
+from k3deploy.core.errors import CommandTimeout, TransportError
+from k3deploy.core.stage import Finding
 from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.batch import Section, SectionOutput, first_line, parse_output, render_script
 from k3deploy.tasks.comm import host_checks as hc

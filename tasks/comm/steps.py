@@ -13,7 +13,7 @@ from prefect.logging import get_run_logger
 from prefect.variables import Variable
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError, TransportError
+from k3deploy.core.errors import K3DeployError, TransportError
 from k3deploy.tasks.comm.report import CommReport
 from k3deploy.tasks.comm.runner import run_comm_checks
 from k3deploy.tasks.transport.base import run_all

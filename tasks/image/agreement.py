@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from k3deploy.agreement import majority, split
-from k3deploy.stage import Finding
+from k3deploy.core.agreement import majority, split
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.image.engine import NodeImage, split_ref
 
 

@@ -11,7 +11,7 @@ import re
 import shlex
 
 from k3deploy.blocks.image import ImageBuild
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 
 WORK_ROOT = "/var/tmp/k3deploy-build"
 COMMIT = re.compile(r"[0-9a-f]{7,40}")

@@ -12,7 +12,7 @@ import docker.errors
 import requests
 
 from k3deploy.blocks.image import RegistryAuth
-from k3deploy.errors import NodeError
+from k3deploy.core.errors import NodeError
 
 PROBE_LABEL = "k3deploy.probe"
 

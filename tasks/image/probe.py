@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 
 PACKAGES = ("vllm", "vllm-ascend")
 PIP_SHOW = ["pip", "show", *PACKAGES]

@@ -15,8 +15,8 @@ from prefect.logging import get_run_logger
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.serve import ContainerSettings
-from k3deploy.errors import TransportError
-from k3deploy.stage import Finding
+from k3deploy.core.errors import TransportError
+from k3deploy.core.stage import Finding
 from k3deploy.tasks import environment
 from k3deploy.tasks.image import build as building
 from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, run_in_image

@@ -10,7 +10,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from k3deploy.errors import NodeError
+from k3deploy.core.errors import NodeError
 from k3deploy.tasks.render import CONFIG_LABEL, RUN_LABEL, ContainerSpec
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks import metrics
 
 CACHE_INFO = "vllm:cache_config_info"

@@ -13,8 +13,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError
-from k3deploy.stage import FailureCause, FailureClass, Finding
+from k3deploy.core.errors import K3DeployError
+from k3deploy.core.stage import FailureCause, FailureClass, Finding
 from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.launch.containers import Started
 from k3deploy.tasks.launch.engine_report import disagreements, parse_report

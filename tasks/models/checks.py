@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from k3deploy.agreement import majority, split
 from k3deploy.blocks.models import SPECULATIVE_TOKENS, DraftSpec
-from k3deploy.stage import Finding
+from k3deploy.core.agreement import majority, split
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.models.listing import Listing
-from k3deploy.tasks.models.node_agent import Manifest
+from k3deploy.tasks.node.node_agent import Manifest
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "tiktoken.model")

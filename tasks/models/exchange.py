@@ -15,7 +15,7 @@ from shlex import quote
 from typing import Any
 
 from k3deploy.tasks.models.listing import Listing
-from k3deploy.tasks.models.node_exchange import PIDFILE
+from k3deploy.tasks.node.node_exchange import PIDFILE
 
 GRACE_S = 60.0  # how long a node waits for a peer's exchange to first answer (its agent may still be starting)
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from k3deploy.errors import HubError
+from k3deploy.core.errors import HubError
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from prefect.logging import get_run_logger
 from prefect.logging.loggers import LoggingAdapter
 
 from k3deploy.blocks.models import GeneratedKind, LocalHubConfig, ModelsConfig
-from k3deploy.errors import HubError
+from k3deploy.core.errors import HubError
 from k3deploy.localhub import HubServer, RepoNotFound, RevisionNotFound, publish, resolve
 
 BRANCH = "main"

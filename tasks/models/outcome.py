@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.models import DraftSpec
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.models.checks import (
     QUANT_DESCRIPTION,
     SpaceNeed,

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3deploy.errors import NodeError
-from k3deploy.tasks.models import node_agent, node_exchange
+from k3deploy.core.errors import NodeError
 from k3deploy.tasks.models.listing import Listing
-from k3deploy.tasks.models.node_agent import FileCheck, Manifest
+from k3deploy.tasks.node import node_agent, node_exchange
+from k3deploy.tasks.node.node_agent import FileCheck, Manifest
 from k3deploy.tasks.transport.base import CommandResult, OutputCallback, Transport, failed_on, on_each_node
 
 # The agent's modules, in load order: the last one's main(job) runs (it passes the exchange to the first).

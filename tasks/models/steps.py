@@ -18,7 +18,7 @@ from prefect.logging import get_run_logger
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.models import CheckpointSpec, ModelsConfig
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.models.checks import DOCUMENTS, space_problems
 from k3deploy.tasks.models.exchange import exchange_part, new_token, plan_lines, stop_command, stripe_plan

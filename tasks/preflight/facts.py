@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.batch import first_line, outcome
 from k3deploy.tasks.node_facts import ToolPaths

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import CommandTimeout, K3DeployError, TransportError
+from k3deploy.core.errors import CommandTimeout, K3DeployError, TransportError
 from k3deploy.tasks.batch import Section, first_line, parse_output, render_script
 from k3deploy.tasks.preflight.evaluate import FactResult, NodeOutputs, evaluate_node
 from k3deploy.tasks.preflight.facts import COMMAND_FACTS, LOCAL_HOST_KEY, engine_applies

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from k3deploy.stage import FailureClass, Finding
+from k3deploy.core.stage import FailureClass, Finding
 from k3deploy.tasks.smoke.checks import Burst, Call, Check, Context, Outcome, Reply
 
 

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import NodeError, TransportError
+from k3deploy.core.errors import NodeError, TransportError
 from k3deploy.tasks.endpoints import engines, service_url
 from k3deploy.tasks.smoke.checks import CHECKS, Context
 from k3deploy.tasks.smoke.driver import Row, run_checks

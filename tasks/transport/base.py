@@ -20,7 +20,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 from prefect.logging.loggers import LoggingAdapter
 
-from k3deploy.errors import CommandFailed, ConnectionFault, K3DeployError, TransportError
+from k3deploy.core.errors import CommandFailed, ConnectionFault, K3DeployError, TransportError
 
 Command = str | Sequence[str]
 OutputCallback = Callable[[str, str, str], None]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import docker
 from docker.transport import SSHHTTPAdapter
 
-from k3deploy.errors import ConnectionFault
+from k3deploy.core.errors import ConnectionFault
 from k3deploy.tasks.transport.ssh import SSHTransport
 
 if TYPE_CHECKING:

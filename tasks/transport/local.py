@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from k3deploy.errors import CommandTimeout, TransportError
+from k3deploy.core.errors import CommandTimeout, TransportError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     Command,

@@ -31,7 +31,7 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from k3deploy.blocks._types import AbsPath, HostAddress, Name
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 from k3deploy.tasks.transport.ssh import host_key_entry, load_private_key
 
 STORE_NAME = "shared"  # the one store of a server: `k3deploy-sftp-store/shared`

@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 from pydantic import SecretStr
 
-from k3deploy.errors import CommandTimeout, ConnectionFault, HostKeyError, TransportError
+from k3deploy.core.errors import CommandTimeout, ConnectionFault, HostKeyError, TransportError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
     TIMEOUT_EXIT_CODES,

@@ -22,8 +22,8 @@ import httpx
 from prefect import runtime
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import ServiceLost
-from k3deploy.paths import run_folder
+from k3deploy.core.errors import ServiceLost
+from k3deploy.core.paths import run_folder
 from k3deploy.tasks.endpoints import engines, service_url
 from k3deploy.tasks.launch.engine_report import kv_usage_peak
 from k3deploy.tasks.render import NodePlan, render_plan

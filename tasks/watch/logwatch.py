@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 
 DEFAULT_PATTERNS = Path(__file__).with_name("log_patterns.json")
 MAX_EVENT_LINE = 500  # characters of the line kept in a LogEvent

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.validate import validate
-from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 from tests.ports import in_this_netns
 

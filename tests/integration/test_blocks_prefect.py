@@ -22,7 +22,7 @@ def test_deployment_block_round_trips_with_secrets(prefect_server):
 
 def test_a_flow_takes_a_saved_block_by_name_and_an_unknown_name_is_a_clear_error(prefect_server):
     from k3deploy.blocks.source import resolve_config
-    from k3deploy.errors import ConfigError
+    from k3deploy.core.errors import ConfigError
 
     cfg = parse_config(site_data(), environ={})
     cfg.save("site-b", overwrite=True)

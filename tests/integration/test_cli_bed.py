@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from k3deploy.record import SCHEMA_PATH
+from k3deploy.records.record import SCHEMA_PATH
 from tests.bedconfig import bed_config, write_config
 from tests.launchbed import launch_data
 

@@ -25,8 +25,8 @@ from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.cluster_hold import STALE_BEATS, same_hold, takeover_bound_s
-from k3deploy.cluster_lock import cluster_hold, hold_cluster, lock_name, read_hold
+from k3deploy.flows.cluster_hold import STALE_BEATS, same_hold, takeover_bound_s
+from k3deploy.flows.cluster_lock import cluster_hold, hold_cluster, lock_name, read_hold
 from tests.prefect_runs import flow_run, logged, wait_for
 
 pytestmark = [pytest.mark.prefect, pytest.mark.faults]

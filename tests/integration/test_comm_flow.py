@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import CommStageFailed
+from k3deploy.core.errors import CommStageFailed
 from k3deploy.flows.comm import comm
 from tests.bedconfig import bed_config, write_config
 from tests.prefect_runs import task_states

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from k3deploy.core.stage import Verdict
 from k3deploy.flows.comm import comm
-from k3deploy.stage import Verdict
 from k3deploy.tasks.comm.checks import NPU_GROUPS
 from k3deploy.tasks.comm.report import CommReport, NotApplicable
 from tests.bedconfig import write_config
@@ -104,7 +104,7 @@ def test_a_command_parses_its_config_once_and_hands_it_to_its_flows(prefect_serv
 
     from k3deploy.blocks import source as config_source
     from k3deploy.blocks.deployment import DeploymentConfig
-    from k3deploy.cli import app
+    from k3deploy.cli.app import app
 
     path = write_config(tmp_path / "site.yaml", local_profile(tmp_path))
     validations = []

@@ -25,10 +25,10 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.variables import Variable
 
-from k3deploy import server
 from k3deploy.blocks.loader import load_config
-from k3deploy.cluster_lock import lock_name
+from k3deploy.cli import server
 from k3deploy.deployments.definitions import apply
+from k3deploy.flows.cluster_lock import lock_name
 from tests.bedconfig import write_config
 from tests.postgres import needs_postgres, psql
 from tests.prefect_runs import api_at, finished, logged, wait_for

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from k3deploy.errors import ImageStageFailed, K3DeployError
+from k3deploy.core.errors import ImageStageFailed, K3DeployError
 from k3deploy.flows.image import image
 from k3deploy.tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.source import resolve_config
-from k3deploy.errors import LaunchStageFailed, TeardownFailed
+from k3deploy.core.errors import LaunchStageFailed, TeardownFailed
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.tasks.launch.containers import RUN_LABEL, run_kwargs

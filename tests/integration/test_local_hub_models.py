@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from k3deploy.blocks import parse_config
-from k3deploy.errors import ModelsStageFailed
+from k3deploy.core.errors import ModelsStageFailed
+from k3deploy.core.stage import failure_lines
 from k3deploy.flows.models import models
 from k3deploy.localhub import HubServer, resolve
-from k3deploy.stage import failure_lines
 from k3deploy.tasks.models import localhub
-from k3deploy.tasks.models.node_agent import MANIFEST_NAME
+from k3deploy.tasks.node.node_agent import MANIFEST_NAME
 from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.prefect_runs import task_states

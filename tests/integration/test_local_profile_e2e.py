@@ -30,16 +30,16 @@ import pytest
 import yaml
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.accuracy import accuracy as accuracy_stage
 from k3deploy.flows.bench import bench as bench_stage
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
 from k3deploy.localprofile import checkpoint as ck
-from k3deploy.paths import runs_dir
-from k3deploy.record import SCHEMA_PATH, build_record
-from k3deploy.report import markdown
+from k3deploy.records.record import SCHEMA_PATH, build_record
+from k3deploy.records.report import markdown
 from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows

@@ -12,8 +12,8 @@ from pydantic import SecretStr
 
 from k3deploy.localhub import HubServer, publish
 from k3deploy.tasks.models.listing import download_urls, list_huggingface, list_modelscope
-from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.models.remote import job, run_agent
+from k3deploy.tasks.node.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import LocalTransport
 
 pytestmark = [pytest.mark.models, pytest.mark.faults]

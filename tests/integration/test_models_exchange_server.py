@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.tasks.models.node_agent import Expected
-from k3deploy.tasks.models.node_exchange import _Holdings, _Server
+from k3deploy.tasks.node.node_agent import Expected
+from k3deploy.tasks.node.node_exchange import _Holdings, _Server
 
 pytestmark = pytest.mark.models
 TOKEN = "run-token-123"

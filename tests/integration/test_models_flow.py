@@ -14,10 +14,10 @@ from functools import partial
 
 import pytest
 
-from k3deploy.errors import K3DeployError, ModelsStageFailed
+from k3deploy.core.errors import K3DeployError, ModelsStageFailed
 from k3deploy.flows.models import models
 from k3deploy.localhub import publish
-from k3deploy.tasks.models.node_agent import MANIFEST_NAME, PARTIAL_DIR
+from k3deploy.tasks.node.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import SSHTransport
 from tests.bedconfig import bed_config, bed_transports, write_config
 from tests.checkpoints import SHARD, checkpoint_files

@@ -10,7 +10,7 @@ from huggingface_hub import snapshot_download
 
 from k3deploy.localhub import HubServer, publish
 from k3deploy.tasks.models.listing import list_huggingface, list_modelscope
-from k3deploy.tasks.models.node_agent import verify_checkpoint
+from k3deploy.tasks.node.node_agent import verify_checkpoint
 
 pytestmark = [pytest.mark.models, pytest.mark.faults]
 REPO = "k3test/tiny-w4a8"

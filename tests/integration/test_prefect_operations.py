@@ -27,12 +27,12 @@ from prefect.states import Cancelling
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.cluster_lock import lock_name
+from k3deploy.cli.rerun import retry
 from k3deploy.deployments.definitions import apply
+from k3deploy.flows.cluster_lock import lock_name
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.record import read_record
-from k3deploy.rerun import retry
+from k3deploy.records.record import read_record
 from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.prefect_runs import finished, flow_run, logged, wait_for

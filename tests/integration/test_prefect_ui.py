@@ -29,7 +29,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterParentFlowRunId,
 )
 
-from k3deploy import server
+from k3deploy.cli import server
 from k3deploy.deployments.definitions import apply
 from tests.bedconfig import write_config
 from tests.prefect_runs import api_at, finished, wait_for

@@ -13,9 +13,9 @@ import paramiko
 import pytest
 
 from k3deploy.blocks.serve import SEED_MOUNTS
-from k3deploy.errors import PreflightFailed
+from k3deploy.core.errors import PreflightFailed
+from k3deploy.core.stage import StageResult, Verdict
 from k3deploy.flows.preflight import preflight
-from k3deploy.stage import StageResult, Verdict
 from k3deploy.tasks.preflight.facts import FACT_NAMES
 from k3deploy.tasks.preflight.gather import host_key_fingerprint, read_host_keys
 from k3deploy.tasks.transport import LocalTransport, SSHTransport

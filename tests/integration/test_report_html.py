@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.charts import BAND, COLOURS
-from k3deploy.history import RegressionVerdict
-from k3deploy.record import RunRecord, write_record
-from k3deploy.run_report import REPORT_HTML, REPORT_MD, write_report_files
+from k3deploy.records.charts import BAND, COLOURS
+from k3deploy.records.history import RegressionVerdict
+from k3deploy.records.record import RunRecord, write_record
+from k3deploy.records.run_report import REPORT_HTML, REPORT_MD, write_report_files
 
 pytestmark = pytest.mark.report
 ROOT = Path(__file__).parents[2]

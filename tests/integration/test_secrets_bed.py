@@ -21,9 +21,9 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import LogFilter
 
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
-from k3deploy.paths import runs_dir
 from k3deploy.tasks.models import steps
 from tests.bedconfig import write_config
 from tests.checkpoints import checkpoint_files

@@ -23,13 +23,13 @@ import httpx
 import pytest
 import yaml
 
-from k3deploy.errors import BenchStageFailed, SmokeStageFailed, ValidateFailed
+from k3deploy.core.errors import BenchStageFailed, SmokeStageFailed, ValidateFailed
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
-from k3deploy.paths import runs_dir
 from k3deploy.tasks import metrics
 from tests.bedconfig import write_config
 from tests.ports import port_free
@@ -226,8 +226,8 @@ def test_the_bench_tool_killed_mid_run_is_a_tool_failure_in_the_record_never_a_r
     assert failure["evidence"].startswith("vllm bench serve (random, concurrency 2) exited "), failure
     assert nothing_serving(tmp_path)
 
-    from k3deploy.history import RegressionVerdict, compare
-    from k3deploy.record import load_record
+    from k3deploy.records.history import RegressionVerdict, compare
+    from k3deploy.records.record import load_record
 
     loaded = load_record(runs_dir() / record["run_id"] / "record.json")
     assert compare(loaded, []).verdict is RegressionVerdict.INCONCLUSIVE  # the tool's failure says nothing of speed

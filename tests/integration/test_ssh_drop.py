@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from k3deploy.blocks.cluster import ClusterConfig
-from k3deploy.errors import ConnectionFault
+from k3deploy.core.errors import ConnectionFault
+from k3deploy.core.stage import Verdict
 from k3deploy.flows.preflight import preflight
-from k3deploy.stage import Verdict
 from k3deploy.tasks.preflight import gather
 from k3deploy.tasks.transport import (
     CommandInterrupted,

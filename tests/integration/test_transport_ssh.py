@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from k3deploy.errors import CommandFailed, CommandTimeout, ConnectionFault, HostKeyError
+from k3deploy.core.errors import CommandFailed, CommandTimeout, ConnectionFault, HostKeyError
 from k3deploy.tasks.transport import SSHTransport, docker_client, run_all
 
 pytestmark = [pytest.mark.testbed, pytest.mark.transport]

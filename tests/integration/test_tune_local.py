@@ -25,7 +25,7 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.tune_report import DOMINATED_COLOUR, FRONTIER_COLOUR, REFERENCE_COLOUR
+from k3deploy.records.tune_report import DOMINATED_COLOUR, FRONTIER_COLOUR, REFERENCE_COLOUR
 from tests.ports import port_free
 
 pytestmark = [pytest.mark.bench, pytest.mark.launch, pytest.mark.cli, pytest.mark.e2e, pytest.mark.vllm,

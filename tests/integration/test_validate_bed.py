@@ -18,11 +18,11 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlo
 from prefect.flow_engine import run_flow
 from prefect.states import AwaitingRetry
 
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.validate import validate
 from k3deploy.localhub import HubServer, publish
-from k3deploy.paths import runs_dir
-from k3deploy.record import SCHEMA_PATH, RunRecord
+from k3deploy.records.record import SCHEMA_PATH, RunRecord
 from tests.bedconfig import bed_transports, write_config
 from tests.checkpoints import checkpoint_files
 from tests.launchbed import control, launch_data, ours

@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from k3deploy.errors import ValidateFailed
+from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.paths import runs_dir
 from k3deploy.flows.validate import validate
-from k3deploy.paths import runs_dir
 from tests.bedconfig import write_config
 from tests.configs import site_data
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.accuracy import AisBenchSettings, LmEvalSettings, Scoring
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks.accuracy import commands
 from k3deploy.tasks.accuracy.results import Evidence, Score, against_baseline, ais_scores, dataset_hash, lm_eval_scores
 
@@ -212,7 +212,7 @@ def test_ais_bench_losing_samples_to_its_own_crash_is_counted_as_missing():
 
 def test_a_chosen_evaluator_without_its_dataset_is_refused_when_the_config_is_loaded():
     from k3deploy.blocks.loader import parse_config
-    from k3deploy.errors import ConfigError
+    from k3deploy.core.errors import ConfigError
     from tests.configs import site_data, with_changes
 
     with pytest.raises(ConfigError) as refused:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from k3deploy.alerts import alert_message, alert_verdict, wanted
 from k3deploy.blocks.alerts import AlertsConfig
-from k3deploy.record import RunRecord
-from k3deploy.stage import FailureCause
+from k3deploy.core.stage import FailureCause
+from k3deploy.records.alerts import alert_message, alert_verdict, wanted
+from k3deploy.records.record import RunRecord
 
 pytestmark = pytest.mark.report
 HISTORY = Path(__file__).parents[1] / "data" / "history" / "local-cpu"
@@ -73,7 +73,7 @@ def test_the_webhook_comes_from_the_environment_without_an_alerts_section_and_no
 
 def test_a_bad_webhook_from_the_environment_is_a_config_error_naming_the_field_not_the_value():
     from k3deploy.blocks import parse_config
-    from k3deploy.errors import ConfigError
+    from k3deploy.core.errors import ConfigError
     from tests.configs import site_data
 
     with pytest.raises(ConfigError) as caught:

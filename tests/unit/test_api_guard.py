@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, temporary_settings
 
-from k3deploy import server
+from k3deploy.cli import server
 
 pytestmark = [pytest.mark.cli, pytest.mark.prefect]
 

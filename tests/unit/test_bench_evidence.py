@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from k3deploy.blocks.bench import Baseline
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks.bench.results import (
     parse_acceptance,
     parse_result,

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.bisect_record import BISECT_SCHEMA_PATH, BisectRecord, bisect_html, bisect_markdown, json_schema
-from k3deploy.bisect_search import (
+from k3deploy.core.errors import K3DeployError
+from k3deploy.core.stage import FailureCause, FailureClass
+from k3deploy.records.bisect_record import BISECT_SCHEMA_PATH, BisectRecord, bisect_html, bisect_markdown, json_schema
+from k3deploy.records.bisect_search import (
     BisectVerdict,
     Need,
     Outcome,
@@ -22,9 +24,7 @@ from k3deploy.bisect_search import (
     suspects,
     target_of,
 )
-from k3deploy.errors import K3DeployError
-from k3deploy.record import ImageProvenance, RunRecord, load_record
-from k3deploy.stage import FailureCause, FailureClass
+from k3deploy.records.record import ImageProvenance, RunRecord, load_record
 
 DATA = Path(__file__).parents[1] / "data" / "bisect"
 GOOD = load_record(DATA / "max_num_seqs-4.record.json")

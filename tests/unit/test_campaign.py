@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.errors import StageFailed
+from k3deploy.core.errors import StageFailed
+from k3deploy.core.stage import StageResult, Verdict
 from k3deploy.flows import campaign
 from k3deploy.flows.campaign import Event, run_attempt
 from k3deploy.flows.registry import Stage
-from k3deploy.stage import StageResult, Verdict
 
 pytestmark = pytest.mark.prefect
 CFG = load_config(Path(__file__).parents[2] / "configs" / "local.yaml")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.tasks.models.listing import Listing, RemoteFile, ms_file
-from k3deploy.tasks.models.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
+from k3deploy.tasks.node.node_agent import CHUNK, check_file, sha256_file, verify_checkpoint
 
 pytestmark = pytest.mark.models
 

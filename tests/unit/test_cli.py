@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from k3deploy.blocks import parse_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from k3deploy.tasks.render import render_plan
 from tests.configs import site_data
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from k3deploy.cluster_hold import (
+from k3deploy.flows.cluster_hold import (
     BEAT_S,
     STALE_S,
     UNRECORDED_S,

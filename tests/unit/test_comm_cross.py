@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from k3deploy.agreement import majority
+from k3deploy.core.agreement import majority
 from k3deploy.tasks.comm.cross import consistent, ping_peers, ping_plan
 from k3deploy.tasks.comm.finding import fail, ok
 

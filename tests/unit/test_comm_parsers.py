@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.stage import Finding
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.comm import host_checks as hc
 from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.checks import NPU_GROUPS, NPU_TABLE, PARSERS, PLANE_CHECKS

@@ -12,7 +12,7 @@ import pytest
 
 from k3deploy.blocks.cluster import ClusterConfig, NodeSpec
 from k3deploy.blocks.serve import ServeConfig
-from k3deploy.errors import CommandTimeout, ConnectionFault
+from k3deploy.core.errors import CommandTimeout, ConnectionFault
 from k3deploy.tasks.batch import parse_output
 from k3deploy.tasks.comm import runner
 from k3deploy.tasks.comm.runner import cross_node, interpret_phase1, not_applicable, phase1_sections, run_comm_checks

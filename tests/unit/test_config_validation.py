@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from k3deploy.blocks import load_config, parse_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from tests.configs import REFERENCE, site_data, with_changes
 
 pytestmark = pytest.mark.config

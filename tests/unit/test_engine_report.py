@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import UnreadableEvidence
+from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks.launch.engine_report import disagreements, kv_usage_peak, parse_report
 
 DATA = Path(__file__).parents[1] / "data" / "launch" / "vllm-0.32.0"

@@ -3,7 +3,7 @@ server or a hub says random text and the real recorded outputs under tests/data,
 characters flipped.
 
 Garbage must come out as the parser's own failing result (a `fail` finding, None, an empty reading) or as one
-of the project's errors (k3deploy.errors.K3DeployError and its subclasses, ConfigError for the config), which
+of the project's errors (k3deploy.core.errors.K3DeployError and its subclasses, ConfigError for the config), which
 the stages turn into a finding naming the node and the check. Anything else (a KeyError, an IndexError, a
 TypeError, a bare ValueError out of int() or json) would escape a stage as a traceback instead of a verdict,
 or worse, leave half a result behind. The plain tests at the end pin each bug the fuzzing found, with the
@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from k3deploy.blocks import load_config, parse_config
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.models import DraftSpec
-from k3deploy.errors import ConfigError, HubError, K3DeployError, UnreadableEvidence
-from k3deploy.stage import Finding as StageFinding
+from k3deploy.core.errors import ConfigError, HubError, K3DeployError, UnreadableEvidence
+from k3deploy.core.stage import Finding as StageFinding
 from k3deploy.tasks import metrics
 from k3deploy.tasks import node_facts as nf
 from k3deploy.tasks.accuracy.results import Evidence, Score, ais_scores, lm_eval_scores

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.history import (
+from k3deploy.core.stage import FailureCause
+from k3deploy.records.history import (
     MIN_HISTORY,
     RegressionVerdict,
     changes_between,
@@ -18,8 +19,7 @@ from k3deploy.history import (
     family,
     figures,
 )
-from k3deploy.record import RunRecord
-from k3deploy.stage import FailureCause
+from k3deploy.records.record import RunRecord
 
 pytestmark = pytest.mark.report
 HISTORY = Path(__file__).parents[1] / "data" / "history" / "local-cpu"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from k3deploy.blocks.loader import parse_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from tests.configs import site_data, with_changes
 
 pytestmark = pytest.mark.preflight

@@ -1,67 +1,36 @@
 """The import rule: layers only point down, and no stage package reaches into another's modules.
 
-Layers, bottom to top (docs/architecture.md): the base (errors, the stage contract, paths),
-blocks (configuration), tasks (the stages' work, the transports and what stages share), the record and
-its history and report, flows (orchestration), the application (CLI, server, deployments). A module
-may import its own layer and the ones below. A module that is in no layer fails the test: place it.
+Layers are folders, bottom to top (docs/architecture.md): k3deploy/core (errors, the stage contract, paths),
+blocks/ (configuration), tasks/ (the stages' work, the transports and what stages share), k3deploy/records (the
+records, history, reports), flows/ (orchestration), the application (k3deploy/cli, deployments/). A module may
+import its own layer and the ones below. A module in no layer's folder fails the test: place it.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
+from k3deploy.flows.registry import FINAL
+from k3deploy.flows.registry import STAGES as REGISTRY
+
 ROOT = Path(__file__).parents[2]
 PACKAGES = {"k3deploy": "k3deploy", "blocks": "k3deploy.blocks", "tasks": "k3deploy.tasks",
             "flows": "k3deploy.flows", "deployments": "k3deploy.deployments"}  # fmt: skip
+# The layers are folders (a file named here is a layer's on its own): bottom to top.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("k3deploy.errors", "k3deploy.stage", "k3deploy.agreement", "k3deploy.paths")),
-    ("blocks", ("k3deploy.blocks",)),
-    ("tasks", ("k3deploy.tasks", "k3deploy.localhub", "k3deploy.localprofile")),
-    (
-        "record",
-        (
-            "k3deploy.alerts",
-            "k3deploy.charts",
-            "k3deploy.record",
-            "k3deploy.history",
-            "k3deploy.report",
-            "k3deploy.run_report",
-            "k3deploy.bisect_search",
-            "k3deploy.bisect_record",
-            "k3deploy.tune_record",
-            "k3deploy.tune_report",
-        ),
-    ),
-    (
-        "flows",
-        (
-            "k3deploy.flows",
-            "k3deploy.run_options",
-            "k3deploy.cluster_lock",
-            "k3deploy.cluster_hold",
-            "k3deploy.run_abort",
-            "k3deploy.tune_matrix",
-        ),
-    ),
-    (
-        "application",
-        (
-            "k3deploy.cli",
-            "k3deploy.cli_output",
-            "k3deploy.cli_store",
-            "k3deploy.rerun",
-            "k3deploy.server",
-            "k3deploy.run_log",
-            "k3deploy.deployments",
-            "k3deploy.__main__",
-            "k3deploy",
-        ),
-    ),
+    ("core", ("k3deploy/core",)),
+    ("blocks", ("blocks",)),
+    ("tasks", ("tasks", "k3deploy/localhub", "k3deploy/localprofile")),
+    ("records", ("k3deploy/records",)),
+    ("flows", ("flows",)),
+    ("application", ("k3deploy/cli", "deployments", "k3deploy/__init__.py", "k3deploy/__main__.py")),
 ]
-STAGES = ("preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy")
+NODE_SCRIPTS = "tasks/node"  # run on the nodes by their python3: the standard library only
+STAGES = tuple(s.name for s in REGISTRY if s.name != FINAL)  # a new stage's package is held to the rule at once
 
 
 def modules() -> dict[str, Path]:
@@ -76,14 +45,17 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
+def layer_of_path(path: Path) -> int | None:
+    """The layer whose folder holds `path` (or that names the file)."""
+    where = path.relative_to(ROOT).as_posix()
+    for index, (_, folders) in enumerate(LAYERS):
+        if any(where == f or where.startswith(f + "/") for f in folders):
+            return index
+    return None
+
+
 def layer(module: str) -> int | None:
-    """The layer of the longest prefix that names `module` (k3deploy.tasks.x before k3deploy)."""
-    best: tuple[int, int] | None = None
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), index)
-    return best[1] if best else None
+    return layer_of_path(MODULES[module]) if module in MODULES else None
 
 
 def imports(path: Path) -> set[str]:
@@ -104,9 +76,20 @@ def stage_of(module: str) -> str | None:
     return parts[2] if len(parts) > 2 and parts[1] == "tasks" and parts[2] in STAGES else None
 
 
-def test_every_module_is_in_a_layer():
+def test_every_module_is_in_a_layer_s_folder():
     assert len(MODULES) > 100
-    assert [m for m in MODULES if layer(m) is None] == []
+    assert [str(p.relative_to(ROOT)) for m, p in MODULES.items() if layer(m) is None] == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m, p in MODULES.items() if NODE_SCRIPTS in p.as_posix()))
+def test_a_node_script_imports_only_the_standard_library(module: str):
+    """A node runs these with its own python3: nothing of k3deploy (but each other) or of PyPI is there."""
+    tree = ast.parse(MODULES[module].read_text())
+    found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    found |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    local = {"k3deploy_node_agent", "k3deploy.tasks.node"}  # the agent as the node's loader names it, or here
+    foreign = sorted(m for m in found if m.split(".")[0] not in sys.stdlib_module_names and m not in local)
+    assert foreign == [], f"{module} runs on the nodes but imports {foreign}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -126,8 +109,8 @@ def test_no_stage_package_imports_another_stages_modules(module: str):
 def test_the_rule_catches_an_upward_import(tmp_path: Path):
     """The rule itself: a task importing the CLI is refused (what a scratch module of tasks/ would do)."""
     scratch = tmp_path / "scratch.py"
-    scratch.write_text("from k3deploy.cli import main\nfrom k3deploy.tasks.smoke import checks\n")
+    scratch.write_text("from k3deploy.cli.app import main\nfrom k3deploy.tasks.smoke import checks\n")
     found = imports(scratch)
-    assert {"k3deploy.cli", "k3deploy.tasks.smoke.checks"} <= found
-    assert [t for t in found if (layer(t) or 0) > layer("k3deploy.tasks.bench.steps")] == ["k3deploy.cli"]  # type: ignore[operator]
+    assert {"k3deploy.cli.app", "k3deploy.tasks.smoke.checks"} <= found
+    assert [t for t in found if (layer(t) or 0) > layer("k3deploy.tasks.bench.steps")] == ["k3deploy.cli.app"]  # type: ignore[operator]
     assert stage_of("k3deploy.tasks.smoke.checks") != stage_of("k3deploy.tasks.bench.steps")

@@ -6,7 +6,7 @@ import pytest
 
 from k3deploy.blocks import parse_config
 from k3deploy.blocks.reference import config_reference
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from tests.configs import site_data, with_changes
 
 pytestmark = pytest.mark.config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from k3deploy.tasks.watch.logwatch import (
     DEFAULT_PATTERNS,
     MAX_EVENT_LINE,

@@ -10,7 +10,7 @@ import pytest
 
 from k3deploy.tasks.models.checks import differing_nodes
 from k3deploy.tasks.models.listing import Listing, RemoteFile
-from k3deploy.tasks.models.node_agent import load_manifest, verify_checkpoint, write_manifest
+from k3deploy.tasks.node.node_agent import load_manifest, verify_checkpoint, write_manifest
 
 pytestmark = pytest.mark.models
 

@@ -15,9 +15,9 @@ from k3deploy.tasks.models.checks import (
     tokenizer_findings,
 )
 from k3deploy.tasks.models.listing import Listing, RemoteFile
-from k3deploy.tasks.models.node_agent import FileCheck
 from k3deploy.tasks.models.outcome import CheckpointOutcome
 from k3deploy.tasks.models.remote import NodeAgentError, NodeReport, ProgressBoard, job, parse_progress, parse_result
+from k3deploy.tasks.node.node_agent import FileCheck
 from k3deploy.tasks.transport.base import CommandResult
 
 pytestmark = pytest.mark.models

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k3deploy.blocks import parse_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from k3deploy.tasks.render import render_plan
 from tests.configs import site_data, with_changes
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from k3deploy.cli import app
-from k3deploy.history import RegressionVerdict, compare
-from k3deploy.record import UnreadableRecord, load_record, scan_records
+from k3deploy.cli.app import app
+from k3deploy.records.history import RegressionVerdict, compare
+from k3deploy.records.record import UnreadableRecord, load_record, scan_records
 
 pytestmark = pytest.mark.report
 HISTORY = Path(__file__).parents[1] / "data" / "history" / "local-cpu"
@@ -120,7 +120,7 @@ def test_a_vanished_figure_is_missing_never_a_pass(tmp_path):
 
 def test_a_vanished_figure_with_no_history_is_still_missing():
     data = json.loads(edited(lambda d: bench_run(d)["figures"].pop("mean_ttft_ms")))
-    from k3deploy.record import RunRecord
+    from k3deploy.records.record import RunRecord
 
     result = compare(RunRecord.model_validate(data), [])
     assert result.verdict is RegressionVerdict.MISSING

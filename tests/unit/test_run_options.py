@@ -8,9 +8,9 @@ import pytest
 
 from k3deploy.blocks import parse_config
 from k3deploy.blocks.loader import load_config
-from k3deploy.errors import ConfigError
+from k3deploy.core.errors import ConfigError
 from k3deploy.flows.registry import BY_NAME
-from k3deploy.run_options import AS_CONFIGURED, BenchOptions, BenchWorkloads, apply_options
+from k3deploy.flows.run_options import AS_CONFIGURED, BenchOptions, BenchWorkloads, apply_options
 from k3deploy.tasks.stage_cache import stage_inputs_key
 from tests.configs import site_data
 

@@ -9,8 +9,8 @@ import paramiko
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from k3deploy.cli_store import store_from
-from k3deploy.errors import K3DeployError
+from k3deploy.cli.store import store_from
+from k3deploy.core.errors import K3DeployError
 from k3deploy.tasks.transport.sftp_store import SftpStore, StoreError, parse_host_key
 
 

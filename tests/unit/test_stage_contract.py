@@ -8,14 +8,22 @@ from datetime import UTC, datetime, timedelta
 import jsonschema
 import pytest
 
-from k3deploy.agreement import majority, split
 from k3deploy.blocks import parse_config
-from k3deploy.errors import LaunchStageFailed, StageFailed
+from k3deploy.core.agreement import majority, split
+from k3deploy.core.errors import LaunchStageFailed, StageFailed
+from k3deploy.core.stage import Finding, StageResult, Verdict
 from k3deploy.flows.registry import STAGES, select, stage
-from k3deploy.record import SCHEMA_PATH, RunRecord, build_record, json_schema, read_record, scan_records, write_record
-from k3deploy.stage import Finding, StageResult, Verdict
+from k3deploy.records.record import (
+    SCHEMA_PATH,
+    RunRecord,
+    build_record,
+    json_schema,
+    read_record,
+    scan_records,
+    write_record,
+)
 from k3deploy.tasks.models.checks import differing_nodes
-from k3deploy.tasks.models.node_agent import Manifest
+from k3deploy.tasks.node.node_agent import Manifest
 from tests.configs import site_data
 
 pytestmark = pytest.mark.report
@@ -38,7 +46,7 @@ def test_each_stage_option_is_one_field_of_the_model_taken_by_its_flow_and_by_va
 
     from typer.main import get_command
 
-    from k3deploy.cli import app
+    from k3deploy.cli.app import app
     from k3deploy.flows.registry import Stage, StageOptions
     from k3deploy.flows.validate import validate
 
@@ -110,7 +118,7 @@ def test_a_stage_failure_carries_its_result_and_names_what_failed():
 
 
 def test_the_committed_schema_is_the_one_the_record_model_makes():
-    assert json.loads(SCHEMA_PATH.read_text()) == json_schema(), "run `python3 -m k3deploy.record` to update it"
+    assert json.loads(SCHEMA_PATH.read_text()) == json_schema(), "run `python3 -m k3deploy.records.record` to update it"
 
 
 def record(run_id: str, verdict: Verdict, start: datetime) -> RunRecord:
@@ -174,9 +182,9 @@ def test_runs_are_listed_newest_first_and_an_ambiguous_prefix_is_refused(tmp_pat
 def test_cluster_time_is_wall_time_times_nodes_and_a_reuse_counts_what_it_saved():
     from rich.console import Console
 
-    from k3deploy.cli_output import print_record
-    from k3deploy.report import markdown
-    from k3deploy.stage import held, now
+    from k3deploy.cli.output import print_record
+    from k3deploy.core.stage import held, now
+    from k3deploy.records.report import markdown
 
     start = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
     ran = StageResult(stage="models", verdict=Verdict.PASS, started_at=start, ended_at=start + timedelta(seconds=900))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import CommandTimeout
+from k3deploy.core.errors import CommandTimeout
 from k3deploy.tasks.stoppable import run_stoppable
 from k3deploy.tasks.transport.local import LocalTransport
 

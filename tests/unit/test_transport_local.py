@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import CommandFailed, CommandTimeout, ConnectionFault
+from k3deploy.core.errors import CommandFailed, CommandTimeout, ConnectionFault
 from k3deploy.tasks.transport import (
     CommandInterrupted,
     CommandResult,

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.tune_matrix import CellSpec, TuneMatrix, TuneMatrixError, cell_config, expand, reference_cell
+from k3deploy.flows.tune_matrix import CellSpec, TuneMatrix, TuneMatrixError, cell_config, expand, reference_cell
 
 ROOT = Path(__file__).parents[2]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from k3deploy.bisect_record import ExperimentStage
-from k3deploy.stage import FailureCause, FailureClass, Verdict
-from k3deploy.tune_record import TuneCell, TunePoint, TuneRecord
-from k3deploy.tune_report import cell_rows, frontier, points, recommendation, tune_html, tune_markdown
+from k3deploy.core.stage import FailureCause, FailureClass, Verdict
+from k3deploy.records.bisect_record import ExperimentStage
+from k3deploy.records.tune_record import TuneCell, TunePoint, TuneRecord
+from k3deploy.records.tune_report import cell_rows, frontier, points, recommendation, tune_html, tune_markdown
 
 T = datetime(2026, 12, 4, tzinfo=UTC)
 

@@ -15,8 +15,8 @@ import jinja2
 from markupsafe import Markup
 from matplotlib.axes import Axes
 
-from k3deploy.charts import svg
-from k3deploy.tune_record import TuneCell, TuneRecord
+from k3deploy.records.charts import svg
+from k3deploy.records.tune_record import TuneCell, TuneRecord
 
 FRONTIER_COLOUR, DOMINATED_COLOUR, REFERENCE_COLOUR = "#1f77b4", "#9e9e9e", "#d62728"
 LATENCY_KEYS = ("p99_e2el_ms", "mean_e2el_ms")  # the first the bench recorded

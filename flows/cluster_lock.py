@@ -34,7 +34,8 @@ from prefect.logging import get_logger
 from prefect.variables import Variable
 
 from k3deploy.blocks.cluster import ClusterConfig
-from k3deploy.cluster_hold import (
+from k3deploy.core.errors import ClusterBusy
+from k3deploy.flows.cluster_hold import (
     LEASE_S,
     POLL_S,
     HoldRecord,
@@ -43,7 +44,6 @@ from k3deploy.cluster_hold import (
     same_hold,
     utc_now,
 )
-from k3deploy.errors import ClusterBusy
 
 LOG = get_logger("k3deploy.cluster")
 LOCKED = 423  # the server's answer while the slot is taken

@@ -32,7 +32,7 @@ from typing import Any
 try:  # on a node the loader has made the agent a module of this name
     import k3deploy_node_agent as agent  # type: ignore[import-not-found]
 except ImportError:
-    from k3deploy.tasks.models import node_agent as agent
+    from k3deploy.tasks.node import node_agent as agent
 
 PIDFILE = ".k3deploy-exchange.pid"
 HOLD_S = 15.0  # a /ready request waits this long at most, then asks again

@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 
 if TYPE_CHECKING:  # the CLI starts fast: paramiko and Prefect's blocks load when a store command runs
     from k3deploy.tasks.transport.sftp_store import SftpStore
@@ -69,7 +69,7 @@ def store_set(
     ] = False,
 ) -> None:
     """Save the shared store on the server after writing and reading a probe file there."""
-    from k3deploy.cli import _prefect, err, out
+    from k3deploy.cli.app import _prefect, err, out
     from k3deploy.tasks.transport.sftp_store import STORE_NAME, parse_host_key
     from k3deploy.tasks.transport.ssh import openssh_fingerprint
 
@@ -94,7 +94,7 @@ def store_set(
 @store_app.command("show")
 def store_show() -> None:
     """Say which shared store the server has, if any."""
-    from k3deploy.cli import _prefect, out
+    from k3deploy.cli.app import _prefect, out
     from k3deploy.tasks.transport.sftp_store import shared_store
 
     with _prefect() as info:

@@ -18,8 +18,8 @@ from enum import StrEnum
 from typing import Any
 
 from k3deploy.blocks.bench import Baseline
-from k3deploy.record import RunRecord
-from k3deploy.stage import FailureClass
+from k3deploy.core.stage import FailureClass
+from k3deploy.records.record import RunRecord
 from k3deploy.tasks.bench.results import HEADLINE, against_baselines, higher_is_better
 
 MIN_HISTORY = 3  # fewer earlier passes than this: no spread to judge by

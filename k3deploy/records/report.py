@@ -1,7 +1,7 @@
 """The run report: a Markdown summary and a self-contained HTML page with plots, from a run record.
 
 Pure rendering (no I/O): the page comes from a jinja2 template (k3deploy/templates/report.html.j2) and
-carries its CSS and its charts (matplotlib's SVG, k3deploy/charts.py) inline, so it opens from a file, an
+carries its CSS and its charts (matplotlib's SVG, k3deploy/records/charts.py) inline, so it opens from a file, an
 artifact link or a mail attachment alike, offline. Prefect 3 has no HTML artifact; the page is written
 beside the record and linked.
 """
@@ -15,9 +15,9 @@ from importlib import resources
 import jinja2
 from markupsafe import Markup
 
-from k3deploy.charts import line_chart
-from k3deploy.history import BENCH_METRICS, Comparison, bench_cells, figures
-from k3deploy.record import RunRecord
+from k3deploy.records.charts import line_chart
+from k3deploy.records.history import BENCH_METRICS, Comparison, bench_cells, figures
+from k3deploy.records.record import RunRecord
 
 VERDICT_COLOURS = {
     "pass": "#2ca02c",

@@ -1,7 +1,7 @@
 """The run record: one versioned JSON document per `validate` run, what the report and regressions read.
 
 Its JSON Schema is `k3deploy/schemas/run-record.schema.json`, generated from RunRecord
-(`python3 -m k3deploy.record` rewrites it; a test checks it is current).
+(`python3 -m k3deploy.records.record` rewrites it; a test checks it is current).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import K3DeployError, UnreadableEvidence
-from k3deploy.paths import runs_dir, write_document
-from k3deploy.stage import FailureCause, StageResult, Verdict
+from k3deploy.core.errors import K3DeployError, UnreadableEvidence
+from k3deploy.core.paths import runs_dir, write_document
+from k3deploy.core.stage import FailureCause, StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "run-record.schema.json"
+SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "run-record.schema.json"
 RECORD_NAME = "record.json"
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import ConfigError, K3DeployError
-from k3deploy.run_options import BenchOptions, BenchWorkloads, apply_options
+from k3deploy.core.errors import ConfigError, K3DeployError
+from k3deploy.flows.run_options import BenchOptions, BenchWorkloads, apply_options
 
 # What a cell may set: the server's settings and the draft. Not where or how it runs (ports, runtime,
 # container, readiness): models, comm and image run once for the whole matrix.

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from k3deploy.errors import K3DeployError
+from k3deploy.core.errors import K3DeployError
 
 DEFAULT_PORT = 4200
 START_TIMEOUT_S = 120.0

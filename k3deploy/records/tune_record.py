@@ -14,12 +14,12 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from k3deploy.bisect_record import ExperimentStage
-from k3deploy.errors import K3DeployError
-from k3deploy.history import bench_cells
-from k3deploy.paths import runs_dir, write_document
-from k3deploy.record import RunRecord
-from k3deploy.stage import FailureCause, StageResult
+from k3deploy.core.errors import K3DeployError
+from k3deploy.core.paths import runs_dir, write_document
+from k3deploy.core.stage import FailureCause, StageResult
+from k3deploy.records.bisect_record import ExperimentStage
+from k3deploy.records.history import bench_cells
+from k3deploy.records.record import RunRecord
 
 TUNE_SCHEMA_VERSION: Final = 1
 TUNE_NAME = "tune.json"

@@ -13,8 +13,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from k3deploy.blocks.alerts import AlertsConfig
-from k3deploy.errors import AlertNotSent
-from k3deploy.record import RunRecord
+from k3deploy.core.errors import AlertNotSent
+from k3deploy.records.record import RunRecord
 
 CAUSE_CHARS = 400  # the evidence a chat message shows; the report has the rest
 

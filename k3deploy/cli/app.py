@@ -21,14 +21,14 @@ import click
 import typer
 from rich.console import Console
 
-from k3deploy.cli_store import store_app
-from k3deploy.errors import ConfigError, K3DeployError, StageFailed
+from k3deploy.cli.store import store_app
+from k3deploy.core.errors import ConfigError, K3DeployError, StageFailed
 from k3deploy.flows.registry import StageOptions
 
 if TYPE_CHECKING:
     from k3deploy.blocks.deployment import DeploymentConfig
-    from k3deploy.server import ServerInfo
-    from k3deploy.stage import StageResult
+    from k3deploy.cli.server import ServerInfo
+    from k3deploy.core.stage import StageResult
 
 app = typer.Typer(
     help="Bring up Kimi-K3 W4A8 on vLLM-Ascend from bare nodes to a validated, benchmarked service.",
@@ -99,7 +99,7 @@ def options(
     """Global options (before the command)."""
     VERBOSE["on"] = verbose
     if insecure:
-        from k3deploy.server import INSECURE_ENV
+        from k3deploy.cli.server import INSECURE_ENV
 
         os.environ[INSECURE_ENV] = "1"
 
@@ -109,8 +109,8 @@ def _flow_log() -> Iterator[Path]:
     """Prefect's log stream of this command into a file under K3DEPLOY_HOME (moved into the run's folder)."""
     from datetime import UTC, datetime
 
-    from k3deploy.run_log import prefect_log
-    from k3deploy.server import home
+    from k3deploy.cli.run_log import prefect_log
+    from k3deploy.cli.server import home
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     with prefect_log(home() / "logs" / f"{stamp}-{os.getpid()}.log", VERBOSE["on"]) as path:
@@ -165,7 +165,7 @@ def _pull_shared_runs() -> None:
     """With a server (PREFECT_API_URL) that has a shared store, its runs first: every worker's, from any host."""
     if not os.environ.get("PREFECT_API_URL"):
         return  # no server named: the runs store on this disk is all there is
-    from k3deploy.run_report import pull_shared_runs
+    from k3deploy.records.run_report import pull_shared_runs
 
     with _prefect():
         said = pull_shared_runs()
@@ -176,7 +176,7 @@ def _pull_shared_runs() -> None:
 @contextlib.contextmanager
 def _prefect() -> Iterator[ServerInfo]:
     """The Prefect server for this command (started once, reused), with the settings the CLI runs under."""
-    from k3deploy import server
+    from k3deploy.cli import server
 
     info = server.ensure(lambda line: err.print(line, soft_wrap=True))
     with server.using(info):
@@ -219,7 +219,7 @@ def run(
 ) -> None:
     """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
     from k3deploy.flows.registry import select
-    from k3deploy.run_options import BenchOptions
+    from k3deploy.flows.run_options import BenchOptions
 
     try:
         select(only, start)
@@ -228,7 +228,7 @@ def run(
     cfg = _config(config)
     _set_runs_dir(runs_dir)
     with _prefect() as info, _flow_log() as log, _parsed(_source(config), cfg):
-        from k3deploy.cli_output import Progress
+        from k3deploy.cli.output import Progress
         from k3deploy.flows.campaign import LISTENERS
         from k3deploy.flows.validate import validate
 
@@ -247,9 +247,9 @@ def run(
 
 def _print_run(run_id: str, state: Any, ui: str, log: Path) -> None:
     """The run's stage table, where its record and report are, and exit 1 unless it passed."""
-    from k3deploy.cli_output import print_record
-    from k3deploy.paths import run_folder
-    from k3deploy.record import RECORD_NAME, read_record
+    from k3deploy.cli.output import print_record
+    from k3deploy.core.paths import run_folder
+    from k3deploy.records.record import RECORD_NAME, read_record
 
     try:
         record = read_record(run_id)
@@ -310,9 +310,9 @@ def rerun(
 
 def _retry(run: str) -> None:
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import Progress
+        from k3deploy.cli.output import Progress
+        from k3deploy.cli.rerun import retry
         from k3deploy.flows.campaign import LISTENERS
-        from k3deploy.rerun import retry
 
         LISTENERS.append(Progress(err))
         state = retry(run, on_state=err.print)
@@ -320,15 +320,15 @@ def _retry(run: str) -> None:
 
 
 def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, Any], fmt: Format) -> None:
+    from k3deploy.core.stage import held, now
     from k3deploy.flows.registry import FINAL
     from k3deploy.flows.registry import stage as find
-    from k3deploy.stage import held, now
 
     with _prefect(), _flow_log() as log, _parsed(source, cfg):
         # A stage run alone takes the cluster as validate does; teardown is a clean-up, safe any time.
         turn: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if name != FINAL:
-            from k3deploy.cluster_lock import hold_cluster
+            from k3deploy.flows.cluster_lock import hold_cluster
 
             turn = hold_cluster(cfg.cluster, None, f"k3deploy rerun {name} (pid {os.getpid()})")
         with turn:
@@ -341,7 +341,7 @@ def _run_one(name: str, source: str, cfg: DeploymentConfig, options: dict[str, A
     if fmt is Format.json:
         typer.echo(result.model_dump_json(indent=2))
     else:
-        from k3deploy.cli_output import print_stage_result
+        from k3deploy.cli.output import print_stage_result
 
         print_stage_result(out, result)
         out.print(f"log: {log}")
@@ -372,7 +372,7 @@ def bisect(
     source = _source(config) if config else None
     cfg = _config(config) if config else None
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import Progress
+        from k3deploy.cli.output import Progress
         from k3deploy.flows.bisect import bisect as bisect_flow
         from k3deploy.flows.campaign import LISTENERS
 
@@ -386,10 +386,10 @@ def bisect(
 
 
 def _print_bisect(bisect_id: str, state: Any, ui: str, log: Path) -> None:
-    from k3deploy.bisect_record import BISECT_NAME, read_bisect
-    from k3deploy.bisect_search import BisectVerdict
-    from k3deploy.cli_output import print_bisect
-    from k3deploy.paths import run_folder
+    from k3deploy.cli.output import print_bisect
+    from k3deploy.core.paths import run_folder
+    from k3deploy.records.bisect_record import BISECT_NAME, read_bisect
+    from k3deploy.records.bisect_search import BisectVerdict
 
     record = read_bisect(bisect_id)
     if record is None:
@@ -426,7 +426,7 @@ def tune(
     recommendation, and where the record and the HTML report (the Pareto frontier) are. Exits 1 when no cell passed.
     """
     _set_runs_dir(runs_dir)
-    from k3deploy.tune_matrix import TuneMatrix, cell_config, describe, expand
+    from k3deploy.flows.tune_matrix import TuneMatrix, cell_config, describe, expand
 
     cfg = _config(config)
     try:
@@ -451,7 +451,7 @@ def tune(
         return
     source = _source(config)
     with _prefect() as info, _flow_log() as log:
-        from k3deploy.cli_output import Progress
+        from k3deploy.cli.output import Progress
         from k3deploy.flows.campaign import LISTENERS
         from k3deploy.flows.tune import tune as tune_flow
 
@@ -462,10 +462,10 @@ def tune(
 
 
 def _print_tune(tune_id: str, state: Any, ui: str, log: Path) -> None:
-    from k3deploy.cli_output import print_tune
+    from k3deploy.cli.output import print_tune
+    from k3deploy.core.paths import run_folder
     from k3deploy.flows.tune import TUNE_HTML
-    from k3deploy.paths import run_folder
-    from k3deploy.tune_record import TUNE_NAME, read_tune
+    from k3deploy.records.tune_record import TUNE_NAME, read_tune
 
     record = read_tune(tune_id)
     if record is None:
@@ -514,8 +514,8 @@ def deploy(
         source = str(Path(source).resolve())
     cfg = _config(Path(source))
     with _prefect() as info:
-        from k3deploy.cluster_lock import cluster_label
         from k3deploy.deployments.definitions import apply
+        from k3deploy.flows.cluster_lock import cluster_label
         from k3deploy.tasks.transport.sftp_store import shared_store
 
         cluster = cluster_label(cfg.cluster) if per_cluster else ""
@@ -526,7 +526,7 @@ def deploy(
     if store is not None:
         out.print(f"shared store {store.where()}: stage results and runs of every worker; each worker keeps its "
                   "own runs folder ($K3DEPLOY_RUNS_DIR)", soft_wrap=True)  # fmt: skip
-    from k3deploy.server import client_authenticated
+    from k3deploy.cli.server import client_authenticated
 
     auth = " PREFECT_API_AUTH_STRING=…" if client_authenticated() else ""
     out.print(f"start a worker: PREFECT_API_URL={info.url}{auth} prefect worker start --pool {pool}", soft_wrap=True)
@@ -541,9 +541,9 @@ def teardown(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
 @app.command()
 def runs(runs_dir: RunsDir = None) -> None:
     """List the recorded runs, newest first, then one line for each record that cannot be read (exit 0)."""
-    from k3deploy.cli_output import runs_table
-    from k3deploy.paths import runs_dir as store
-    from k3deploy.record import scan_records
+    from k3deploy.cli.output import runs_table
+    from k3deploy.core.paths import runs_dir as store
+    from k3deploy.records.record import scan_records
 
     _set_runs_dir(runs_dir)
     _pull_shared_runs()
@@ -574,9 +574,9 @@ def report(
     --compare also writes the run's report.html, report.md and comparison.json again; it exits 1 when a
     figure REGRESSED or is MISSING. A record that cannot be read is one line naming it, exit 1.
     """
-    from k3deploy.cli_output import print_comparison, print_record
-    from k3deploy.paths import runs_dir as store
-    from k3deploy.record import read_record
+    from k3deploy.cli.output import print_comparison, print_record
+    from k3deploy.core.paths import runs_dir as store
+    from k3deploy.records.record import read_record
 
     _set_runs_dir(runs_dir)
     _pull_shared_runs()
@@ -587,8 +587,8 @@ def report(
         else:
             print_record(out, record)
         return
-    from k3deploy.history import RegressionVerdict
-    from k3deploy.run_report import REPORT_HTML, write_report_files
+    from k3deploy.records.history import RegressionVerdict
+    from k3deploy.records.run_report import REPORT_HTML, write_report_files
 
     comparison, _links, _md = write_report_files(record, store(), last, baseline)
     if fmt is Format.json:
@@ -611,7 +611,7 @@ def server_start(
     ] = False,
 ) -> None:
     """Start k3deploy's Prefect server (every other command starts one on loopback when none runs)."""
-    from k3deploy import server
+    from k3deploy.cli import server
 
     info = server.recorded()
     if info is not None and auth and info.auth_file is None:
@@ -622,7 +622,7 @@ def server_start(
 
 
 def _server_line(info: ServerInfo) -> str:
-    from k3deploy.server import on_loopback
+    from k3deploy.cli.server import on_loopback
 
     if info.auth_file:
         guard = f"API auth on (auth string in {info.auth_file})"
@@ -634,7 +634,7 @@ def _server_line(info: ServerInfo) -> str:
 @server_app.command("status")
 def server_status() -> None:
     """Say which Prefect server the CLI uses."""
-    from k3deploy import server
+    from k3deploy.cli import server
 
     info = server.recorded()
     out.print(_server_line(info) if info else "not running; the next command starts it", soft_wrap=True)
@@ -643,7 +643,7 @@ def server_status() -> None:
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the local Prefect server k3deploy started (its runs stay in its database)."""
-    from k3deploy import server
+    from k3deploy.cli import server
 
     info = server.stop()
     out.print(f"stopped the server at {info.ui}" if info else "no k3deploy Prefect server is running")
@@ -654,7 +654,7 @@ def cluster_status(config: ConfigPath, fmt: FormatOption = Format.text) -> None:
     """Say whether the cluster is free, or which run holds it, since when, and whether that run is alive."""
     cluster = _config(config).cluster
     with _prefect():
-        from k3deploy.cluster_lock import cluster_hold
+        from k3deploy.flows.cluster_lock import cluster_hold
 
         hold = cluster_hold(cluster)
     if fmt is Format.json:
@@ -683,7 +683,7 @@ def cluster_release(
     """Free a hold whose run is dead (ended, or not renewed for longer than its lease); refuses a live one."""
     cluster = _config(config).cluster
     with _prefect():
-        from k3deploy.cluster_lock import release_cluster
+        from k3deploy.flows.cluster_lock import release_cluster
 
         said = release_cluster(cluster, force=force)
     out.print(said, soft_wrap=True)

@@ -19,10 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.errors import ConfigError, K3DeployError
-from k3deploy.history import FAMILY_KEYS, IGNORED_KEYS, figures, flatten
-from k3deploy.record import RunRecord
-from k3deploy.stage import FailureClass, StageResult, Verdict
+from k3deploy.core.errors import ConfigError, K3DeployError
+from k3deploy.core.stage import FailureClass, StageResult, Verdict
+from k3deploy.records.history import FAMILY_KEYS, IGNORED_KEYS, figures, flatten
+from k3deploy.records.record import RunRecord
 from k3deploy.tasks.stage_cache import CachedStage, inputs_digest
 
 ABSENT = "(none)"  # a key one end's config does not have

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from k3deploy.bisect_record import BisectRecord, experiment_rows, verdict_line
-from k3deploy.history import Comparison
-from k3deploy.record import RunRecord
-from k3deploy.stage import StageResult, Verdict, failure_lines
-from k3deploy.tune_record import TuneRecord
+from k3deploy.core.stage import StageResult, Verdict, failure_lines
+from k3deploy.records.bisect_record import BisectRecord, experiment_rows, verdict_line
+from k3deploy.records.history import Comparison
+from k3deploy.records.record import RunRecord
+from k3deploy.records.tune_record import TuneRecord
 
 if TYPE_CHECKING:  # the flows (and Prefect) load only when a command runs one
     from k3deploy.flows.campaign import Event
@@ -49,7 +49,7 @@ class Progress:
 
 def print_tune(console: Console, record: TuneRecord) -> None:
     """Each cell's outcome and figures, then the recommendation with its evidence."""
-    from k3deploy.tune_report import cell_rows, recommendation
+    from k3deploy.records.tune_report import cell_rows, recommendation
 
     table = Table(title=f"tune {record.tune_name or record.tune_id}: {len(record.cells)} cell(s)", title_justify="left")
     keep = ("cell", "outcome", "workload", "c", "requests", "out tok/s", "E2EL ms mean/p99", "KV peak", "acceptance")

@@ -19,8 +19,8 @@ from prefect.logging import get_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
-from k3deploy.errors import K3DeployError
-from k3deploy.run_options import AS_CONFIGURED, BenchOptions, apply_options
+from k3deploy.core.errors import K3DeployError
+from k3deploy.flows.run_options import AS_CONFIGURED, BenchOptions, apply_options
 from k3deploy.tasks.teardown import remove_servers
 
 # The config each run in this process resolved, by flow run id: what its hook tears down.

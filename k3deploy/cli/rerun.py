@@ -19,8 +19,8 @@ from prefect.client.schemas.responses import SetStateStatus
 from prefect.flow_engine import run_flow
 from prefect.states import Scheduled, State
 
-from k3deploy.errors import K3DeployError
-from k3deploy.record import read_record
+from k3deploy.core.errors import K3DeployError
+from k3deploy.records.record import read_record
 
 FINISHED = {StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED}
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from k3deploy.stage import StageResult
+    from k3deploy.core.stage import StageResult
 
 
 class K3DeployError(Exception):
     """Base of every error k3deploy raises on purpose."""
 
-    # Whose problem it is (a k3deploy.stage.FailureClass value); None: the failing stage's own default.
+    # Whose problem it is (a k3deploy.core.stage.FailureClass value); None: the failing stage's own default.
     failure_class: ClassVar[str | None] = None
 
 
@@ -136,7 +136,7 @@ class StageFailed(K3DeployError):
     """A stage ended with a failed verdict; `result` (a StageResult) carries every finding."""
 
     def __init__(self, result: StageResult) -> None:
-        from k3deploy.stage import failure_lines
+        from k3deploy.core.stage import failure_lines
 
         self.result = result
         lines = failure_lines(result.findings)

@@ -1,7 +1,7 @@
 """The bisect record: one versioned JSON document per bisect, beside the run records, and how it reads.
 
 It lives in runs/<bisect id>/bisect.json (no record.json there, so history never takes an experiment for
-a run); its JSON Schema is `k3deploy/schemas/bisect-record.schema.json` (`python3 -m k3deploy.bisect_record`
+a run); its JSON Schema is `k3deploy/schemas/bisect-record.schema.json` (`python3 -m k3deploy.records.bisect_record`
 rewrites it; a test checks it is current). It is written after every experiment: a bisect that stops
 resumes from it.
 """
@@ -17,14 +17,14 @@ from typing import Any, Final, Literal
 import jinja2
 from pydantic import BaseModel, Field, ValidationError
 
-from k3deploy.bisect_search import Outcome, Suspect, Target
-from k3deploy.errors import K3DeployError
-from k3deploy.paths import runs_dir, write_document
-from k3deploy.stage import FailureCause, Verdict
+from k3deploy.core.errors import K3DeployError
+from k3deploy.core.paths import runs_dir, write_document
+from k3deploy.core.stage import FailureCause, Verdict
+from k3deploy.records.bisect_search import Outcome, Suspect, Target
 
 BISECT_SCHEMA_VERSION: Final = 1
 BISECT_NAME = "bisect.json"
-BISECT_SCHEMA_PATH = Path(__file__).with_name("schemas") / "bisect-record.schema.json"
+BISECT_SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "bisect-record.schema.json"
 GOOD_END, BAD_END = "good end", "bad end"
 
 
