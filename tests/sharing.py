@@ -5,7 +5,8 @@ while the other works, so two workers run it in a little more than half the time
 
 * **Fixed resources.** Every module that uses the test bed is in group `bed`: one worker has the bed, and
   `testbed_left_as_found` sees only its own module's doing. Every other integration module is in group `local`
-  (the local profile's fixed loopback ports, its state folder, the real vLLM). Unit tests go to either worker.
+  (the local profile's fixed loopback ports, its state folder, the real vLLM), but those marked `anywhere` (no
+  fixed port, no shared state). Unit tests and `anywhere` modules go to either worker.
 * **Measured speed.** A module marked `alone` judges figures it measures (a regression, a bisect's experiments)
   and must not be slowed by the other worker: it takes the machine to itself. Every module holds a shared lock on
   the machine while it runs, an `alone` module an exclusive one (a turnstile first, so waiting for it is fair).
@@ -35,11 +36,12 @@ BED = "bed"
 FOLDER_ENV = "K3DEPLOY_TEST_SHARING"
 
 
-def group_of(path: str, uses_bed: bool) -> str | None:
-    """The group of a module's tests: None lets a test go to either worker."""
+def group_of(path: str, uses_bed: bool, anywhere: bool = False) -> str | None:
+    """The group of a module's tests: None lets a test go to either worker (unit tests, and integration modules
+    marked `anywhere`: no fixed port, no shared state)."""
     if uses_bed:
         return BED
-    if "/integration/" in path:
+    if "/integration/" in path and not anywhere:
         return LOCAL
     return None
 
@@ -51,7 +53,10 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
         for item in items
         if item.get_closest_marker("testbed") or "testbed" in getattr(item, "fixturenames", ())
     }
-    found = {item.nodeid: group_of(str(item.path), item.path in bed_modules) for item in items}
+    found = {
+        item.nodeid: group_of(str(item.path), item.path in bed_modules, item.get_closest_marker("anywhere") is not None)
+        for item in items
+    }
     return {nodeid: group for nodeid, group in found.items() if group}
 
 

@@ -8,7 +8,7 @@ from k3deploy.blocks import DeploymentConfig, parse_config
 from k3deploy.tasks.render import render_plan
 from tests.configs import site_data
 
-pytestmark = pytest.mark.prefect
+pytestmark = [pytest.mark.prefect, pytest.mark.anywhere]
 
 
 def test_deployment_block_round_trips_with_secrets(prefect_server):

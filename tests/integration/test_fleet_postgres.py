@@ -37,6 +37,7 @@ from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
 
 pytestmark = [
+    pytest.mark.anywhere,  # its own ports (18400, 18500), PostgreSQL and server: beside either worker
     pytest.mark.prefect,
     pytest.mark.vllm,
     needs_vllm_env,

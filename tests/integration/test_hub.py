@@ -38,7 +38,7 @@ from modelscope_hub.errors import FileDownloadError, FileIntegrityError
 
 from k3deploy.localhub import HubServer, lfs_pointer, publish, resolve, set_ref
 
-pytestmark = pytest.mark.bed  # the local hub itself, not the models stage
+pytestmark = [pytest.mark.bed, pytest.mark.anywhere]  # the local hub itself, not the models stage
 
 REPO = "k3test/tiny-model"
 BIG = "model.safetensors"

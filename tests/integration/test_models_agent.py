@@ -16,7 +16,7 @@ from k3deploy.tasks.models.remote import job, run_agent
 from k3deploy.tasks.node.node_agent import MANIFEST_NAME, PARTIAL_DIR
 from k3deploy.tasks.transport import LocalTransport
 
-pytestmark = [pytest.mark.models, pytest.mark.faults]
+pytestmark = [pytest.mark.models, pytest.mark.faults, pytest.mark.anywhere]
 REPO = "k3test/agent"
 BIG = "model-00001.safetensors"
 

@@ -16,7 +16,7 @@ import pytest
 from k3deploy.tasks.node.node_agent import Expected
 from k3deploy.tasks.node.node_exchange import _Holdings, _Server
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.anywhere]
 TOKEN = "run-token-123"
 
 

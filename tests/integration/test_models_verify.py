@@ -12,7 +12,7 @@ from k3deploy.localhub import HubServer, publish
 from k3deploy.tasks.models.listing import list_huggingface, list_modelscope
 from k3deploy.tasks.node.node_agent import verify_checkpoint
 
-pytestmark = [pytest.mark.models, pytest.mark.faults]
+pytestmark = [pytest.mark.models, pytest.mark.faults, pytest.mark.anywhere]
 REPO = "k3test/tiny-w4a8"
 
 

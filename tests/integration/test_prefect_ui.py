@@ -89,17 +89,19 @@ def stage_runs(run_id: UUID) -> list[str]:
 
 
 def submit(page: Any, tries: int = 3) -> None:
-    """Click Submit until the page sends the run's creation to the API, as a person clicks again when a click
-    did nothing (seen once in CI on a busy machine). Only a click that sent nothing is repeated, so at most
-    one run is created; the test still fails if no click sends it."""
+    """Click Submit until the API has taken the run's creation, as a person clicks again when a click did
+    nothing (seen in CI on a busy machine) or the page said the server was busy: Prefect answers 503 when its
+    SQLite database stays locked, and the creation is then rolled back. So at most one run is created; the test
+    still fails if no click gets it created."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(tries):
         try:
-            creation = lambda r: r.method == "POST" and r.url.endswith("/create_flow_run")  # noqa: E731
-            with page.expect_request(creation, timeout=30_000):
+            creation = lambda r: r.request.method == "POST" and r.url.endswith("/create_flow_run")  # noqa: E731
+            with page.expect_response(creation, timeout=30_000) as answer:
                 page.get_by_role("button", name="Submit").click()
-            return
+            if answer.value.status != 503:
+                return
         except PlaywrightTimeout:
             continue
 

@@ -24,7 +24,7 @@ from k3deploy.tasks.teardown import removed_summary
 from k3deploy.tasks.transport.local import LocalTransport
 from tests.ports import port_free
 
-pytestmark = [pytest.mark.launch, pytest.mark.faults]
+pytestmark = [pytest.mark.launch, pytest.mark.faults, pytest.mark.anywhere]
 
 LABELS = {CONFIG_LABEL: "cfg-teardown", NODE_LABEL: "local1"}
 

@@ -18,7 +18,7 @@ from k3deploy.records.history import RegressionVerdict
 from k3deploy.records.record import RunRecord, write_record
 from k3deploy.records.run_report import REPORT_HTML, REPORT_MD, write_report_files
 
-pytestmark = pytest.mark.report
+pytestmark = [pytest.mark.report, pytest.mark.anywhere]
 ROOT = Path(__file__).parents[2]
 HISTORY = ROOT / "tests" / "data" / "history" / "local-cpu"
 ARTIFACTS = ROOT / "test-artifacts"

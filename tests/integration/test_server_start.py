@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.cli, pytest.mark.prefect]
+pytestmark = [pytest.mark.cli, pytest.mark.prefect, pytest.mark.anywhere]
 
 
 def k3deploy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

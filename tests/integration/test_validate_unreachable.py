@@ -14,7 +14,8 @@ from k3deploy.flows.validate import validate
 from tests.bedconfig import write_config
 from tests.configs import site_data
 
-pytestmark = [pytest.mark.e2e, pytest.mark.prefect, pytest.mark.faults, pytest.mark.usefixtures("runs_dir")]
+pytestmark = [pytest.mark.e2e, pytest.mark.prefect, pytest.mark.faults, pytest.mark.usefixtures("runs_dir"),
+              pytest.mark.anywhere]  # fmt: skip
 
 
 def closed_port() -> int:

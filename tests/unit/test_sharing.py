@@ -26,6 +26,11 @@ def test_bed_modules_go_together_integration_ones_together_and_unit_tests_anywhe
     assert group_of(path, uses_bed) == group
 
 
+def test_an_integration_module_marked_anywhere_goes_to_either_worker_unless_it_uses_the_bed():
+    assert group_of("/r/tests/integration/test_hub.py", False, anywhere=True) is None
+    assert group_of("/r/tests/integration/test_hub.py", True, anywhere=True) == BED
+
+
 HOLDER = textwrap.dedent(
     """
     import sys
