@@ -1,15 +1,16 @@
 """How the suite shares this machine between two pytest-xdist workers (`-n 2` in pyproject's addopts).
 
 The suite spends half its time waiting (on servers starting, workers polling, the bed's sshd): one core idles
-while the other works, so two workers run it in a little more than half the time. Two things must not overlap:
+while the other works, so two workers run it in a little more than half the time. What must not overlap is
+the fixed resources:
 
-* **Fixed resources.** Every module that uses the test bed is in group `bed`: one worker has the bed, and
+* Every module that uses the test bed is in group `bed`: one worker has the bed, and
   `testbed_left_as_found` sees only its own module's doing. Every other integration module is in group `local`
   (the local profile's fixed loopback ports, its state folder, the real vLLM), but those marked `anywhere` (no
   fixed port, no shared state). Unit tests and `anywhere` modules go to either worker.
-* **Measured speed.** A module marked `alone` judges figures it measures (a regression, a bisect's experiments)
-  and must not be slowed by the other worker: it takes the machine to itself. Every module holds a shared lock on
-  the machine while it runs, an `alone` module an exclusive one (a turnstile first, so waiting for it is fair).
+* A test that judges figures it measures (a regression, a bisect's experiments) does not get the machine to
+  itself: it makes the effect it judges far larger than what the other worker's load can add (a queue of
+  requests, 20 ms a token against none), so it passes for its state, never for a quiet machine.
 
 The groups are xdist load-scope units (a group's tests run on one worker, in their order); which test is in which
 group the workers write when they collect, and the controller's scheduler reads. Without xdist (`-n 0`) none of
@@ -18,13 +19,10 @@ this does anything.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,39 +100,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return self.known.get(nodeid, nodeid)
 
     return GroupScheduling(config, log)
-
-
-@contextlib.contextmanager
-def machine(alone: bool, paths: tuple[Path, Path] | None) -> Iterator[None]:
-    """Hold the machine shared, or to ourselves when `alone`. A waiting `alone` holds the turnstile, so no new
-    module starts beside the ones it waits for. The wait is bounded by each test's own timeout."""
-    if paths is None:
-        yield
-        return
-    turnstile_path, machine_path = paths
-    with open(turnstile_path, "a") as turnstile, open(machine_path, "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Per module: the machine shared with the other worker, or to itself for a module marked `alone`."""
-    alone = any(
-        item.get_closest_marker("alone")
-        for item in request.session.items
-        if getattr(item, "module", None) is request.module
-    )
-    shared = folder()
-    with machine(alone, (shared / "turnstile", shared / "machine") if shared else None):
-        yield
