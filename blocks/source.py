@@ -30,13 +30,19 @@ def parsed(source: str, cfg: DeploymentConfig) -> Iterator[None]:
         _PARSED.pop(source, None)
 
 
+def is_yaml_path(source: str) -> bool:
+    """Is `source` a YAML file's path rather than a saved block's name? The one place this is decided: a block's
+    name has no `/` and no YAML suffix, and is not a file here."""
+    return source.endswith((".yaml", ".yml")) or "/" in source or Path(source).exists()
+
+
 def resolve_config(source: ConfigSource) -> DeploymentConfig:
     """The parsed config, whatever form it came in; resolved once, at the boundary of a run."""
     if isinstance(source, DeploymentConfig):
         return source
     if source in _PARSED:
         return _PARSED[source]
-    if source.endswith((".yaml", ".yml")) or "/" in source or Path(source).exists():
+    if is_yaml_path(source):
         return load_config(source)
     try:
         # Prefect's async_dispatch types the call as `Self | Coroutine`; a sync caller gets the block.

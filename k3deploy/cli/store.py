@@ -11,7 +11,7 @@ import typer
 from k3deploy.core.errors import K3DeployError
 
 if TYPE_CHECKING:  # the CLI starts fast: paramiko and Prefect's blocks load when a store command runs
-    from k3deploy.tasks.transport.sftp_store import SftpStore
+    from k3deploy.blocks.store import SftpStore
 
 store_app = typer.Typer(help="The fleet's shared store: Prefect results and the runs store, on an SSH host.")
 PROBE = ".k3deploy-store-probe"
@@ -23,8 +23,8 @@ def store_from(url: str, key_file: Path, known_hosts: Path, save_key: bool = Fal
     import paramiko
     from pydantic import SecretStr, ValidationError
 
-    from k3deploy.tasks.transport.sftp_store import SftpStore
-    from k3deploy.tasks.transport.ssh import host_key_entry
+    from k3deploy.blocks.ssh_keys import host_key_entry
+    from k3deploy.blocks.store import SftpStore
 
     parts = urlsplit(url)
     if parts.scheme != "sftp" or not parts.hostname or not parts.username or not parts.path.startswith("/"):
@@ -69,12 +69,13 @@ def store_set(
     ] = False,
 ) -> None:
     """Save the shared store on the server after writing and reading a probe file there."""
-    from k3deploy.cli.app import _prefect, err, out
-    from k3deploy.tasks.transport.sftp_store import STORE_NAME, parse_host_key
+    from k3deploy.blocks.ssh_keys import parse_host_key
+    from k3deploy.blocks.store import STORE_NAME
+    from k3deploy.cli.common import err, out, prefect
     from k3deploy.tasks.transport.ssh import openssh_fingerprint
 
     store = store_from(url, key_file, known_hosts, save_key)
-    with _prefect() as info:
+    with prefect() as info:
         store.write_path(PROBE, b"k3deploy\n")
         if store.read_path(PROBE) != b"k3deploy\n":
             raise K3DeployError(f"store {store.where()}: a probe file read back differently")
@@ -94,10 +95,10 @@ def store_set(
 @store_app.command("show")
 def store_show() -> None:
     """Say which shared store the server has, if any."""
-    from k3deploy.cli.app import _prefect, out
+    from k3deploy.cli.common import out, prefect
     from k3deploy.tasks.transport.sftp_store import shared_store
 
-    with _prefect() as info:
+    with prefect() as info:
         store = shared_store()
     if store is None:
         out.print(f"no shared store on {info.url}: results and runs stay on each worker's disk", soft_wrap=True)

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from k3deploy.blocks import load_config, parse_config
+from k3deploy.blocks.source import is_yaml_path
 from k3deploy.core.errors import ConfigError
 from tests.configs import REFERENCE, site_data, with_changes
 
@@ -157,6 +158,17 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path):
 def test_missing_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("source", "is_path"),
+    [("site.yaml", True), ("site.yml", True), ("configs/site", True), ("/etc/k3/site", True), ("lab-a", False),
+     ("lab.a", False)],
+)  # fmt: skip
+def test_a_config_is_a_yaml_path_or_a_saved_blocks_name_decided_in_one_place(source: str, is_path: bool, tmp_path):
+    assert is_yaml_path(source) is is_path
+    (tmp_path / "lab-b").write_text("cluster: {}\n")  # a file here by a block-like name is the file
+    assert is_yaml_path(str(tmp_path / "lab-b")) and not is_yaml_path("lab-b")
 
 
 def test_document_must_be_a_mapping():
