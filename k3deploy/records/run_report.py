@@ -15,13 +15,14 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
+from k3deploy.blocks.store import RUNS, StoreError
 from k3deploy.core.errors import K3DeployError
 from k3deploy.core.paths import runs_dir
 from k3deploy.records.bisect_record import BisectRecord, bisect_html, bisects_of
 from k3deploy.records.history import Comparison, RegressionVerdict, compare
 from k3deploy.records.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.records.report import html_page, markdown
-from k3deploy.tasks.transport.sftp_store import RUNS, StoreError, pull_files, push_folder, shared_store
+from k3deploy.tasks.transport.sftp_store import pull_files, push_folder, shared_store
 
 HISTORY_RUNS = 10
 REPORT_HTML, REPORT_MD, COMPARISON = "report.html", "report.md", "comparison.json"

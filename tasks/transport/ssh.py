@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import select
 import socket
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import paramiko
 from pydantic import SecretStr
 
+from k3deploy.blocks.ssh_keys import host_key_entry, load_private_key
 from k3deploy.core.errors import CommandTimeout, ConnectionFault, HostKeyError, TransportError
 from k3deploy.tasks.transport.base import (
     KILL_GRACE_S,
@@ -27,28 +27,12 @@ from k3deploy.tasks.transport.base import (
     with_timeout,
 )
 
-_KEY_TYPES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
 _CONNECT_FAULTS = (OSError, socket.timeout, EOFError, paramiko.SSHException)
-
-
-def load_private_key(key: SecretStr) -> paramiko.PKey:
-    """Parse an in-memory private key without ever putting its text in an error."""
-    for key_type in _KEY_TYPES:
-        try:
-            return key_type.from_private_key(io.StringIO(key.get_secret_value()))
-        except (paramiko.SSHException, ValueError):
-            continue
-    raise TransportError("ssh", "the SSH private key is not an unencrypted Ed25519, ECDSA or RSA key")
 
 
 def openssh_fingerprint(key_blob: bytes) -> str:
     """A host key's fingerprint as OpenSSH prints it: SHA256 of the key blob, base64 without padding."""
     return "SHA256:" + base64.b64encode(hashlib.sha256(key_blob).digest()).decode().rstrip("=")
-
-
-def host_key_entry(host: str, port: int) -> str:
-    """How known_hosts names a host: bare for port 22, [host]:port otherwise."""
-    return host if port == 22 else f"[{host}]:{port}"
 
 
 class _TrustAndRecord(paramiko.MissingHostKeyPolicy):

@@ -50,10 +50,11 @@ from prefect.states import AwaitingRetry
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
+from k3deploy.blocks.store import RUNS, SftpStore, read_file
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.flows.cluster_hold import takeover_bound_s
 from k3deploy.flows.cluster_lock import lock_name
-from k3deploy.tasks.transport.sftp_store import RUNS, SftpStore, listing, read_file, shared_store
+from k3deploy.tasks.transport.sftp_store import listing, shared_store
 from tests.bedconfig import write_config
 from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres

@@ -13,8 +13,9 @@ import pytest
 from prefect import flow, task
 from pydantic import SecretStr
 
+from k3deploy.blocks.store import STORE_NAME, SftpStore, StoreError
 from k3deploy.cli.store import store_from
-from k3deploy.tasks.transport.sftp_store import STORE_NAME, SftpStore, StoreError, pull_files, push_folder, shared_store
+from k3deploy.tasks.transport.sftp_store import pull_files, push_folder, shared_store
 
 pytestmark = [pytest.mark.testbed, pytest.mark.prefect]
 

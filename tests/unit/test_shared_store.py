@@ -9,9 +9,10 @@ import paramiko
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from k3deploy.blocks.ssh_keys import parse_host_key
+from k3deploy.blocks.store import SftpStore, StoreError
 from k3deploy.cli.store import store_from
 from k3deploy.core.errors import K3DeployError
-from k3deploy.tasks.transport.sftp_store import SftpStore, StoreError, parse_host_key
 
 
 @pytest.fixture
