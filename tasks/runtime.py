@@ -23,8 +23,8 @@ import requests
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.core.errors import K3DeployError
-from k3deploy.tasks.launch.containers import ContainerError, Started, labelled, remove_labelled, start_or_adopt
-from k3deploy.tasks.launch.live import LiveServer, from_inspect, from_proc, proc_read_script
+from k3deploy.tasks.containers import ContainerError, Started, labelled, remove_labelled, start_or_adopt
+from k3deploy.tasks.live_server import LiveServer, from_inspect, from_proc, proc_read_script
 from k3deploy.tasks.render import CONFIG_LABEL, NODE_LABEL, PORTS_LABEL, RUN_LABEL, NodePlan, ProcessSpec, sourced
 from k3deploy.tasks.stoppable import run_stoppable, run_stoppable_on
 from k3deploy.tasks.transport.base import CommandResult, Transport

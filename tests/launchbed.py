@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from k3deploy.blocks.serve import SEED_ENV
-from k3deploy.tasks.launch.containers import CONFIG_LABEL
+from k3deploy.tasks.containers import CONFIG_LABEL
 from k3deploy.tasks.transport import docker_client
 from tests.bedconfig import bed_config, bed_transports, write_config
 

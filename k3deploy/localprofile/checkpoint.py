@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from k3deploy.tasks.smoke.checks import TOOL_SCHEMA
+from k3deploy.tasks.tool_call import TOOL_SCHEMA
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 MAX_POSITIONS = 4096

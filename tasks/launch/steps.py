@@ -15,11 +15,11 @@ from prefect.logging import get_run_logger
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.core.errors import K3DeployError
 from k3deploy.core.stage import FailureCause, FailureClass, Finding
+from k3deploy.tasks.containers import Started
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.launch.containers import Started
 from k3deploy.tasks.launch.engine_report import disagreements, parse_report
-from k3deploy.tasks.launch.live import differences
 from k3deploy.tasks.launch.readiness import Probe, burst, probe
+from k3deploy.tasks.live_server import differences
 from k3deploy.tasks.render import Plan
 from k3deploy.tasks.runtime import serving_runtimes
 from k3deploy.tasks.watch.logwatch import LogWatcher, load_patterns

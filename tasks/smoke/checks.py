@@ -18,30 +18,10 @@ from typing import Any, Literal
 import jsonschema
 
 from k3deploy.tasks import metrics
+from k3deploy.tasks.tool_call import QUESTION, TOOL_RESULT, TOOLS
 
 CHAT = "/v1/chat/completions"
 METRICS = "/metrics"
-# The tools every tool-call request declares; the question the local profile's scripted checkpoint answers
-# with a call to the first one.
-TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-DECOY_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Current local time of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-TOOLS = [TOOL_SCHEMA, DECOY_TOOL]
-QUESTION = "What is the weather in Paris?"
-TOOL_RESULT = {"city": "Paris", "temperature_c": 18, "sky": "cloudy"}
 EXCERPT = 160
 
 

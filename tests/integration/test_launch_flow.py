@@ -20,7 +20,7 @@ from k3deploy.blocks.source import resolve_config
 from k3deploy.core.errors import LaunchStageFailed, TeardownFailed
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
-from k3deploy.tasks.launch.containers import RUN_LABEL, run_kwargs
+from k3deploy.tasks.containers import RUN_LABEL, run_kwargs
 from k3deploy.tasks.render import render_plan
 from tests.bedconfig import write_config
 from tests.launchbed import NAME, control, launch_config, launch_data, ours

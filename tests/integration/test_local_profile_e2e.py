@@ -40,7 +40,7 @@ from k3deploy.flows.validate import validate
 from k3deploy.localprofile import checkpoint as ck
 from k3deploy.records.record import SCHEMA_PATH, build_record
 from k3deploy.records.report import markdown
-from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
+from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
 from tests.ports import in_this_netns, port_free

@@ -26,8 +26,8 @@ from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
 from k3deploy.localprofile.checkpoint import write_checkpoint
-from k3deploy.tasks.launch.containers import RUN_LABEL
-from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
+from k3deploy.tasks.containers import RUN_LABEL
+from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 from testbed.standin.runner import publish_runner
 from tests import vllm_env
 from tests.bedconfig import bed_config, write_config

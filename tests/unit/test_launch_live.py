@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.blocks.deployment import DeploymentConfig
-from k3deploy.tasks.launch.live import (
+from k3deploy.tasks.live_server import (
     LiveServer,
     differences,
     from_inspect,

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from k3deploy.localprofile import checkpoint as ck
-from k3deploy.tasks.smoke.checks import QUESTION, TOOL_SCHEMA
+from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 
 pytestmark = pytest.mark.models
 
