@@ -18,7 +18,7 @@ from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.blocks.source import resolve_config
 from k3deploy.core.errors import ValidateFailed
 from k3deploy.core.stage import StageResult, now
-from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.campaign import Event, run_attempt, run_stage, start_record, tell
 from k3deploy.flows.cluster_lock import hold_cluster
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions
 from k3deploy.flows.run_abort import teardown_on_abort
@@ -118,20 +118,28 @@ def _last_pass(bad: RunRecord) -> RunRecord:
 
 def _start(bisect_id: str, bad: RunRecord, good: RunRecord, budget: int, resume: bool) -> BisectRecord:
     """This bisect's record: its own on a Retry, an unfinished earlier one's experiments on --resume, else new."""
+
+    def new() -> BisectRecord:
+        suspects, fixed = find_suspects(good, bad)
+        target = target_of(good, bad, regressed_keys(bad))
+        return BisectRecord(bisect_id=bisect_id, bisect_name=runtime.flow_run.name, bad_run=bad.run_id,
+                            good_run=good.run_id, started_at=now(), max_experiments=budget, target=target,
+                            suspects=suspects, fixed=fixed)  # fmt: skip
+
+    def earlier() -> BisectRecord:
+        found = next((b for b in bisects_of(bad.run_id) if b.good_run == good.run_id), None)
+        if found is None:
+            raise ValidateFailed(f"--resume: run {bad.run_id} has no earlier bisect against {good.run_id}")
+        return found
+
+    def carry(record: BisectRecord, done: BisectRecord) -> None:
+        record.experiments, record.resumed_from = list(done.experiments), done.bisect_id
+        record.cluster_hours, record.saved_cluster_hours = done.cluster_hours, done.saved_cluster_hours
+
     own = read_bisect(bisect_id)
     if own is not None:
-        return own.model_copy(update={"max_experiments": budget})
-    suspects, fixed = find_suspects(good, bad)
-    record = BisectRecord(bisect_id=bisect_id, bisect_name=runtime.flow_run.name, bad_run=bad.run_id,
-                          good_run=good.run_id, started_at=now(), max_experiments=budget,
-                          target=target_of(good, bad, regressed_keys(bad)), suspects=suspects, fixed=fixed)  # fmt: skip
-    if resume:
-        earlier = next((b for b in bisects_of(bad.run_id) if b.good_run == good.run_id), None)
-        if earlier is None:
-            raise ValidateFailed(f"--resume: run {bad.run_id} has no earlier bisect against {good.run_id}")
-        record.experiments, record.resumed_from = list(earlier.experiments), earlier.bisect_id
-        record.cluster_hours, record.saved_cluster_hours = earlier.cluster_hours, earlier.saved_cluster_hours
-    return record
+        own = own.model_copy(update={"max_experiments": budget})
+    return start_record(own, new, earlier if resume else None, carry)
 
 
 def run_experiment(

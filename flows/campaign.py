@@ -10,7 +10,7 @@ run with the same inputs is not run again (the one resume rule: what is already 
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prefect.logging import get_run_logger
 
@@ -37,6 +37,8 @@ class Event:
         return self.result is not None or self.outcome is not None
 
 
+R = TypeVar("R")  # a campaign's record (bisect's, tune's)
+
 # How the CLI shows the progress of an in-process run: called with every Event, in order.
 LISTENERS: list[Callable[[Event], None]] = []
 
@@ -55,11 +57,21 @@ class Attempt:
     started_at: Any = field(default_factory=now)
 
     def first_failure(self) -> StageResult | None:
-        return first_failure(self.results)
+        return next((r for r in self.results if r.verdict is Verdict.FAIL), None)
 
 
-def first_failure(results: list[StageResult]) -> StageResult | None:
-    return next((r for r in results if r.verdict is Verdict.FAIL), None)
+def start_record(own: R | None, new: Callable[[], R], earlier: Callable[[], R] | None,
+                    carry: Callable[[R, R], None]) -> R:  # fmt: skip
+    """The one resume rule of a campaign's record (bisect's, tune's): what is already judged is not run again
+    unless asked. A Retry of the same flow run takes up its `own` record (every attempt judged in it); a
+    resume (`earlier` given) starts a `new` record and `carry`s the earlier one's judged attempts into it;
+    else the record is new. (validate's stages follow the same rule through Prefect's cache: `run_stage`.)"""
+    if own is not None:
+        return own
+    record = new()
+    if earlier is not None:
+        carry(record, earlier())
+    return record
 
 
 def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_id: str) -> StageResult:

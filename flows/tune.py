@@ -21,7 +21,7 @@ from k3deploy.blocks.source import resolve_config
 from k3deploy.core.errors import ValidateFailed
 from k3deploy.core.paths import run_folder
 from k3deploy.core.stage import Verdict, now
-from k3deploy.flows.campaign import Event, run_attempt, run_stage, tell
+from k3deploy.flows.campaign import Event, run_attempt, run_stage, start_record, tell
 from k3deploy.flows.cluster_lock import hold_cluster
 from k3deploy.flows.registry import BY_NAME, STAGES, StageOptions
 from k3deploy.flows.run_abort import teardown_on_abort
@@ -80,24 +80,28 @@ def tune(config: str, matrix: TuneMatrix, resume: str = "") -> dict[str, Any]:
 def _start(tune_id: str, base: DeploymentConfig, matrix: TuneMatrix, specs: list[CellSpec],
            resume: str) -> TuneRecord:  # fmt: skip
     """This tune's record: its own on a Retry, an earlier tune's finished cells on resume, else new."""
-    own = read_tune(tune_id)
-    if own is not None:
-        return own
-    record = TuneRecord(tune_id=tune_id, tune_name=runtime.flow_run.name, started_at=now(),
-                        config_fingerprint=base.fingerprint(), config=base.public(),
-                        matrix=matrix.model_dump(mode="json"), reference=reference_cell(matrix, specs, base),
-                        nodes=len(base.cluster.nodes))  # fmt: skip
-    if resume:
-        earlier = read_tune(resume)
-        if earlier is None:
+
+    def new() -> TuneRecord:
+        return TuneRecord(tune_id=tune_id, tune_name=runtime.flow_run.name, started_at=now(),
+                          config_fingerprint=base.fingerprint(), config=base.public(),
+                          matrix=matrix.model_dump(mode="json"), reference=reference_cell(matrix, specs, base),
+                          nodes=len(base.cluster.nodes))  # fmt: skip
+
+    def earlier() -> TuneRecord:
+        found = read_tune(resume)
+        if found is None:
             raise ValidateFailed(f"--resume: {resume} is not a tune with a record")
-        if earlier.config_fingerprint != base.fingerprint():
-            raise ValidateFailed(f"--resume: tune {earlier.tune_id} ran another deployment config (fingerprint "
-                                 f"{earlier.config_fingerprint}, this one {base.fingerprint()})")  # fmt: skip
+        if found.config_fingerprint != base.fingerprint():
+            raise ValidateFailed(f"--resume: tune {found.tune_id} ran another deployment config (fingerprint "
+                                 f"{found.config_fingerprint}, this one {base.fingerprint()})")  # fmt: skip
+        return found
+
+    def carry(record: TuneRecord, done: TuneRecord) -> None:
         wanted = {s.name: s.set for s in specs}
-        record.cells = [c for c in earlier.cells if _same(wanted.get(c.name), c.settings)]
-        record.resumed_from = earlier.tune_id
-    return record
+        record.cells = [c for c in done.cells if _same(wanted.get(c.name), c.settings)]
+        record.resumed_from = done.tune_id
+
+    return start_record(read_tune(tune_id), new, earlier if resume else None, carry)
 
 
 def _same(wanted: dict[str, Any] | None, recorded: dict[str, Any]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +19,12 @@ class Verdict(StrEnum):
     FAIL = "fail"
     SKIPPED = "skipped"
     NOT_APPLICABLE = "not-applicable"
+
+
+# A whole attempt's verdict (a validate run, a tune cell): it passed, or a stage of it failed; never skipped.
+# The regression verdicts (records/history.py) and a bisect's outcome (records/bisect_search.py) are other
+# questions with their own states, named for them.
+AttemptVerdict = Literal[Verdict.PASS, Verdict.FAIL]
 
 
 class FailureClass(StrEnum):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.core.errors import K3DeployError, UnreadableEvidence
 from k3deploy.core.paths import runs_dir, write_document
-from k3deploy.core.stage import FailureCause, StageResult, Verdict
+from k3deploy.core.stage import AttemptVerdict, FailureCause, StageResult, Verdict
 
 SCHEMA_VERSION: Final = 1
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "run-record.schema.json"
@@ -59,7 +59,7 @@ class RunRecord(BaseModel):
     k3deploy_version: str = Field(default_factory=k3deploy_version)
     started_at: datetime
     ended_at: datetime
-    verdict: Literal["pass", "fail"]
+    verdict: AttemptVerdict
     failed_stage: str | None = Field(default=None, description="The first stage that failed.")
     failure: FailureCause | None = Field(default=None, description="That stage's failure: class and evidence.")
     config_fingerprint: str
@@ -233,7 +233,7 @@ def build_record(
         run_name=run_name,
         started_at=started_at,
         ended_at=ended_at,
-        verdict="fail" if failed else "pass",
+        verdict=Verdict.FAIL if failed else Verdict.PASS,
         failed_stage=failed,
         failure=first.failure if first else None,
         config_fingerprint=cfg.fingerprint(),

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from k3deploy.core.errors import K3DeployError
 from k3deploy.core.paths import runs_dir, write_document
-from k3deploy.core.stage import FailureCause, StageResult
+from k3deploy.core.stage import AttemptVerdict, FailureCause, StageResult
 from k3deploy.records.bisect_record import ExperimentStage
 from k3deploy.records.history import bench_cells
 from k3deploy.records.record import RunRecord
@@ -44,7 +44,7 @@ class TuneCell(BaseModel):
 
     name: str
     settings: dict[str, Any] = Field(description="The dotted config keys this cell set.")
-    verdict: Literal["pass", "fail"]
+    verdict: AttemptVerdict
     failed_stage: str | None = None
     failure: FailureCause | None = Field(default=None, description="Why the cell failed: class and evidence.")
     started_at: datetime

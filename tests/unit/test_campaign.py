@@ -75,3 +75,27 @@ def test_keeping_a_passing_service_up_records_teardown_as_skipped_and_runs_none(
 def test_without_teardown_nothing_follows_the_stages(heard):
     attempt = run_attempt([stage("b", "failing")], CFG, {}, "run-1", teardown=False, keep_serving=True)
     assert [r.stage for r in attempt.results] == ["b"]  # a failed run is not kept up, and no teardown was asked
+
+
+# The one resume rule of a campaign's record: a Retry takes up its own record, a resume carries what an earlier
+# one judged into a new record, and otherwise the record is new.
+
+
+def test_a_retry_takes_up_its_own_record_and_neither_makes_a_new_one_nor_reads_the_earlier():
+    own = {"judged": ["a"]}
+    made, read = [], []
+    chosen = campaign.start_record(own, lambda: made.append(1) or {}, lambda: read.append(1) or {}, lambda r, e: None)
+    assert chosen is own and made == [] and read == []
+
+
+def test_a_resume_carries_the_earlier_records_judged_attempts_into_a_new_record():
+    def carry(record: dict, earlier: dict) -> None:
+        record["judged"] = list(earlier["judged"])
+
+    chosen = campaign.start_record(None, lambda: {"judged": []}, lambda: {"judged": ["a", "b"]}, carry)
+    assert chosen == {"judged": ["a", "b"]}
+
+
+def test_without_a_record_or_a_resume_the_record_is_new():
+    chosen = campaign.start_record(None, lambda: {"judged": []}, None, lambda r, e: r.update(judged=["x"]))
+    assert chosen == {"judged": []}
