@@ -5,9 +5,12 @@ while the other works, so two workers run it in a little more than half the time
 the fixed resources:
 
 * Every module that uses the test bed is in group `bed`: one worker has the bed, and
-  `testbed_left_as_found` sees only its own module's doing. Every other integration module is in group `local`
-  (the local profile's fixed loopback ports, its state folder, the real vLLM), but those marked `anywhere` (no
-  fixed port, no shared state). Unit tests and `anywhere` modules go to either worker.
+  `testbed_left_as_found` sees only its own module's doing. Modules marked `standin` (the stand-in profile's
+  default ports, 18300, 13645 and 18380) are in group `standin`. Every other integration module is in group
+  `local` (the local profile's fixed loopback ports, its state folder, the real vLLM), but those marked
+  `anywhere` (no fixed port, no shared state). Unit tests and `anywhere` modules go to either worker. xdist
+  hands out the groups largest first, one at a time: the bed to one worker, the local profile to the other,
+  and `standin` to whichever comes free first, then the single tests to both.
 * A test that judges figures it measures (a regression, a bisect's experiments) does not get the machine to
   itself: it makes the effect it judges far larger than what the other worker's load can add (a queue of
   requests, 20 ms a token against none), so it passes for its state, never for a quiet machine.
@@ -30,15 +33,18 @@ import pytest
 
 LOCAL = "local"
 BED = "bed"
+STANDIN = "standin"
 # Set by the controller of an xdist run for its workers: a folder of the run's own (the tests' groups, the locks).
 FOLDER_ENV = "K3DEPLOY_TEST_SHARING"
 
 
-def group_of(path: str, uses_bed: bool, anywhere: bool = False) -> str | None:
+def group_of(path: str, uses_bed: bool, anywhere: bool = False, standin: bool = False) -> str | None:
     """The group of a module's tests: None lets a test go to either worker (unit tests, and integration modules
     marked `anywhere`: no fixed port, no shared state)."""
     if uses_bed:
         return BED
+    if standin:
+        return STANDIN
     if "/integration/" in path and not anywhere:
         return LOCAL
     return None
@@ -52,9 +58,10 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
         if item.get_closest_marker("testbed") or "testbed" in getattr(item, "fixturenames", ())
     }
     found = {
-        item.nodeid: group_of(str(item.path), item.path in bed_modules, item.get_closest_marker("anywhere") is not None)
+        item.nodeid: group_of(str(item.path), item.path in bed_modules, item.get_closest_marker("anywhere") is not None,
+                              item.get_closest_marker("standin") is not None)
         for item in items
-    }
+    }  # fmt: skip
     return {nodeid: group for nodeid, group in found.items() if group}
 
 

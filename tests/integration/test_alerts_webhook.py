@@ -30,7 +30,7 @@ from tests.vllm_env import needs_vllm_env
 
 # Not alone: the regressed run takes 20 ms a token where the history's passes take none (the stand-in's
 # default), a gap no neighbour's load closes; the passes themselves run outside the nightly deployment (no alert).
-pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env,
+pytestmark = [pytest.mark.standin, pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env,
               pytest.mark.usefixtures("runs_dir")]  # fmt: skip
 TOKEN = "hook-T0KEN-91a"  # in the webhook's path, as chat tools put theirs: never in a message or log
 

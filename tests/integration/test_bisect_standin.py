@@ -18,10 +18,10 @@ from tests.bisect_cli import K3deploy, stage_flow_runs
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
 
-# Not `alone` (tests/sharing.py): the slow run is 50 ms a token, the others none, so what the other worker's load adds
-# to a run's figures is a small part of the gap the judgement reads (the midpoint of the two ends).
-pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.prefect, pytest.mark.vllm,
-              needs_vllm_env]  # fmt: skip
+# The machine is shared (tests/sharing.py): the slow run is 50 ms a token, the others none, so what the other
+# worker's load adds to a run's figures is a small part of the gap the judgement reads (the midpoint of the two ends).
+pytestmark = [pytest.mark.standin, pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.prefect,
+              pytest.mark.vllm, needs_vllm_env]  # fmt: skip
 
 
 class Site:

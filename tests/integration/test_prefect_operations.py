@@ -40,7 +40,8 @@ from tests.prefect_worker import processes_of
 from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
-pytestmark = [pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env, pytest.mark.usefixtures("runs_dir")]
+pytestmark = [pytest.mark.standin, pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env,
+              pytest.mark.usefixtures("runs_dir")]  # fmt: skip
 CLUSTER = "ops-{}"  # this test's configs share one lock (standin_profile gives every other its own)
 
 

@@ -41,6 +41,7 @@ ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
+    pytest.mark.standin,
     pytest.mark.prefect,
     pytest.mark.vllm,
     pytest.mark.e2e,

@@ -41,7 +41,7 @@ PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
 
 SUCCESS = "vllm:request_success_total"
-pytestmark = [pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
+pytestmark = [pytest.mark.standin, pytest.mark.faults, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 
 
 @pytest.fixture
