@@ -14,6 +14,7 @@ import pytest
 
 from k3deploy.core.errors import CommandFailed, CommandTimeout, ConnectionFault, HostKeyError
 from k3deploy.tasks.transport import SSHTransport, docker_client, run_all
+from tests.prefect_runs import wait_for
 
 pytestmark = [pytest.mark.testbed, pytest.mark.transport]
 
@@ -203,6 +204,13 @@ def test_connection_faults_are_retried_with_backoff(testbed, tmp_path: Path):
         proxy.close()
 
 
+def pid1_cmdline(container) -> bytes:
+    """What the container's PID 1 runs (empty while it is between programs)."""
+    exit_code, out = container.exec_run(["cat", "/proc/1/cmdline"])
+    assert exit_code == 0, out
+    return out
+
+
 def test_docker_api_over_pinned_ssh_on_every_host(testbed, nodes):
     run_label = uuid.uuid4().hex[:12]
     for name, t in nodes.items():
@@ -225,8 +233,11 @@ def test_docker_api_over_pinned_ssh_on_every_host(testbed, nodes):
                     if b"\n" in logs:
                         break
                 assert logs.decode().strip() == f"hello-from-{name}"
-                exit_code, out = container.exec_run(["cat", "/proc/1/cmdline"])
-                assert exit_code == 0 and b"sleep" in out
+
+                # The line is echoed just before `exec sleep`: read while the shell is mid-exec, /proc/1/cmdline
+                # is empty (seen in CI). So wait for the exec to finish, bounded, then check what PID 1 runs.
+                pid1 = wait_for("PID 1 to be the container's command", lambda c=container: pid1_cmdline(c), 30)
+                assert pid1.startswith(b"sleep\x00300")
                 container.stop(timeout=1)
                 container.reload()
                 assert container.status == "exited"
