@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -233,17 +234,27 @@ def judge_experiment(target: Target, record: RunRecord) -> Judgement:
     if figure is None:
         return Judgement(None, None, [], f"the run has no {target.key}")
     assert target.good is not None and target.bad is not None
-    mid = (target.good + target.bad) / 2
-    worse = figure.value < mid if target.higher_is_better else figure.value > mid
+    where = way_to_bad(figure.value, target.good, target.bad)
+    worse = where > 0.5
     spread = _spread(record, target.key)
-    span = target.bad - target.good
-    where = (figure.value - target.good) / span if span else 0.0
     side = "the bad end's" if worse else "the good end's"
     evidence = (f"{figure.value:.4g} (good end {target.good:.4g}, bad end {target.bad:.4g}; {where:.0%} of the way "
                 f"to the bad end): {side} side")  # fmt: skip
     if spread:
         evidence += f"; repeats {' – '.join(f'{v:.4g}' for v in spread)}"
     return Judgement(worse, figure.value, spread, evidence)
+
+
+def way_to_bad(value: float, good: float, bad: float) -> float:
+    """How far `value` lies from the good end (0) to the bad end (1); past 0.5 it is on the bad end's side.
+
+    Measured on a log scale when both ends are positive: a latency or a throughput moves by a factor under a
+    machine's load (a bad end of 2602 ms read 1264 ms when run again on a busier machine, against a good end of
+    116 ms: the bad side by its factor, the good side by a linear midpoint). Otherwise linearly."""
+    if good > 0 and bad > 0 and value > 0:
+        good, bad, value = math.log(good), math.log(bad), math.log(value)
+    span = bad - good
+    return (value - good) / span if span else 0.0
 
 
 def _spread(record: RunRecord, key: str) -> list[float]:

@@ -23,6 +23,7 @@ from k3deploy.records.bisect_search import (
     reused_pass,
     suspects,
     target_of,
+    way_to_bad,
 )
 from k3deploy.records.record import ImageProvenance, RunRecord, load_record
 
@@ -104,6 +105,16 @@ def test_an_experiment_is_judged_by_the_side_of_the_midpoint_its_figure_falls_on
     assert like_bad.reproduces is True and like_bad.value == target.bad
     assert like_good.reproduces is False and "0% of the way to the bad end" in like_good.evidence
     assert like_bad.spread == []  # one repeat: no spread to show
+
+
+def test_a_timing_is_judged_by_its_factor_so_a_busier_machine_scaling_both_sides_does_not_flip_it():
+    """ci11: good run 116.5 ms, bad run 2602 ms (mean TTFT behind max_num_seqs 1), the bad end run again on a
+    busier machine 1264 ms: 46 % of the way linearly, but 76 % by factor, the bad end's side."""
+    for value, bad_side in ((1264.0, True), (800.0, True), (2602.0, True), (95.7, False), (300.0, False)):
+        assert (way_to_bad(value, 116.5, 2602.0) > 0.5) is bad_side, value
+    assert round(way_to_bad(1264.0, 116.5, 2602.0), 2) == 0.77
+    assert way_to_bad(100.0, 800.0, 50.0) > 0.5 and way_to_bad(600.0, 800.0, 50.0) < 0.5  # throughput falls
+    assert way_to_bad(0.2, 0.0, 1.0) == pytest.approx(0.2)  # an end at zero: linear
 
 
 def test_a_failure_reproduces_only_at_the_same_stage_with_the_same_class():
