@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.core.errors import CommandTimeout
+from k3deploy.tasks import stoppable
 from k3deploy.tasks.stoppable import run_stoppable
 from k3deploy.tasks.transport.local import LocalTransport
 
@@ -18,8 +19,21 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def test_a_stopped_command_ends_with_every_process_it_started(tmp_path: Path):
-    before = set(Path("/tmp").glob("k3deploy-stoppable-*.pid"))
+@pytest.fixture
+def pid_files(monkeypatch) -> list[Path]:
+    """The pid files this test's commands were given (other tests, on the other worker, make their own in /tmp)."""
+    given: list[Path] = []
+
+    def recorded() -> str:
+        given.append(Path(name := real()))
+        return name
+
+    real = stoppable.pid_file
+    monkeypatch.setattr(stoppable, "pid_file", recorded)
+    return given
+
+
+def test_a_stopped_command_ends_with_every_process_it_started(tmp_path: Path, pid_files: list[Path]):
     here, stop = LocalTransport("here"), threading.Event()
     child = tmp_path / "child.pid"
     started = threading.Event()
@@ -40,15 +54,14 @@ def test_a_stopped_command_ends_with_every_process_it_started(tmp_path: Path):
     worker.join(60)
     assert not worker.is_alive() and results[0].exit_code != 0
     assert not alive(int(child.read_text()))  # its background child went with it (the process group)
-    assert set(Path("/tmp").glob("k3deploy-stoppable-*.pid")) == before  # its pid file removed
+    assert pid_files and not any(p.exists() for p in pid_files)  # its pid file removed
 
 
-def test_a_command_not_stopped_returns_its_result_and_leaves_no_pid_file():
-    before = set(Path("/tmp").glob("k3deploy-stoppable-*.pid"))
+def test_a_command_not_stopped_returns_its_result_and_leaves_no_pid_file(pid_files: list[Path]):
     here = LocalTransport("here")
     done = run_stoppable(lambda c: here.run(c, 60), lambda c: here.run(c, 30), "echo hello", 30, threading.Event())
     assert (done.exit_code, done.stdout.strip()) == (0, "hello")
-    assert set(Path("/tmp").glob("k3deploy-stoppable-*.pid")) == before
+    assert pid_files and not any(p.exists() for p in pid_files)
 
 
 def test_a_command_past_its_timeout_is_a_command_timeout_naming_the_host():
