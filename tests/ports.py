@@ -29,3 +29,17 @@ def in_this_netns(proc: Path) -> bool:
         return os.readlink(proc / "ns" / "net") == os.readlink("/proc/self/ns/net")
     except OSError:
         return False
+
+
+def started_here(proc: Path, test_file: str) -> bool:
+    """Whether a /proc/PID folder's process was started by a test of `test_file` (e.g. "test_x.py"), by the
+    PYTEST_CURRENT_TEST it inherited: the other worker's tests run the same programs meanwhile. A process
+    without one (or gone) counts as this test's, so a check that uses this never looks away from a leftover."""
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return True
+    for entry in environ:
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return test_file.encode() in entry
+    return True

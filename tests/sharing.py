@@ -5,12 +5,14 @@ while the other works, so two workers run it in a little more than half the time
 the fixed resources:
 
 * Every module that uses the test bed is in group `bed`: one worker has the bed, and
-  `testbed_left_as_found` sees only its own module's doing. Modules marked `standin` (the stand-in profile's
-  default ports, 18300, 13645 and 18380) are in group `standin`. Every other integration module is in group
+  `testbed_left_as_found` sees only its own module's doing. Every other integration module is in group
   `local` (the local profile's fixed loopback ports, its state folder, the real vLLM), but those marked
-  `anywhere` (no fixed port, no shared state). Unit tests and `anywhere` modules go to either worker. xdist
-  hands out the groups largest first, one at a time: the bed to one worker, the local profile to the other,
-  and `standin` to whichever comes free first, then the single tests to both.
+  `anywhere` (no fixed port, no shared state) and those marked `standin`: the stand-in's ports are each
+  worker's own (tests/standin_profile.py), so each such module is a group of its own (its tests in order on one
+  worker, its module fixtures made once). Unit tests and `anywhere` modules go to either worker. xdist hands
+  out the units by their number of tests, a worker taking the next when it has two tests left: the bed to one
+  worker, the local profile to the other, then the stand-in's modules and the single tests to whichever is
+  nearly done.
 * A test that judges figures it measures (a regression, a bisect's experiments) does not get the machine to
   itself: it makes the effect it judges far larger than what the other worker's load can add (a queue of
   requests, 20 ms a token against none), so it passes for its state, never for a quiet machine.
@@ -40,11 +42,11 @@ FOLDER_ENV = "K3DEPLOY_TEST_SHARING"
 
 def group_of(path: str, uses_bed: bool, anywhere: bool = False, standin: bool = False) -> str | None:
     """The group of a module's tests: None lets a test go to either worker (unit tests, and integration modules
-    marked `anywhere`: no fixed port, no shared state)."""
+    marked `anywhere`: no fixed port, no shared state); a stand-in module is a group of its own."""
     if uses_bed:
         return BED
     if standin:
-        return STANDIN
+        return f"{STANDIN}:{path}"
     if "/integration/" in path and not anywhere:
         return LOCAL
     return None

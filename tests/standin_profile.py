@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -27,6 +28,10 @@ ROOT = Path(__file__).parents[1]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
 REAL_ENV = VLLM.parents[1]
+# Each xdist worker's stand-in has ports of its own (gw0: 18300 and 13645, gw1: 19300 and 14645; its hub port + 80),
+# so the stand-in's modules run on either worker, beside each other.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+PORT, RPC_PORT = 18300 + 1000 * _WORKER, 13645 + 1000 * _WORKER
 
 
 def standin_env(folder: Path) -> Path:
@@ -48,7 +53,7 @@ def standin_env(folder: Path) -> Path:
     return folder
 
 
-def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = 18300, rpc_port: int = 13645) -> dict[str, Any]:
+def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = PORT, rpc_port: int = RPC_PORT) -> dict[str, Any]:
     """The profile's data: stand-in server on `port`, checkpoints under tmp_path; `hub`: models downloads them
     from a local hub of the test's own on `port` + 80."""
     data = json.loads(json.dumps(PROFILE))
@@ -85,4 +90,4 @@ def bench_runs_left(tmp_path: Path) -> list[str]:
 
 
 def nothing_serving(tmp_path: Path) -> bool:
-    return not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)
+    return not any((tmp_path / "serving").glob("*/pid")) and port_free(PORT) and port_free(RPC_PORT)

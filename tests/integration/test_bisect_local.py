@@ -6,11 +6,12 @@ and a resume). The search's other outcomes (not reproducible, a launch failure's
 The profile is narrowed to one node and DP rank, and one bench workload, so an experiment (launch, smoke,
 bench, teardown) takes about a minute here: what the test shows is the same on two ranks.
 
-The harmful key is `max_num_seqs: 1` under four concurrent requests of 128 tokens: each request waits for up
-to three others to finish before its first token, so mean TTFT grows several times over (a queue, not a
-speed), and that is the figure the bisect judges by. The machine is shared with the other worker: load slows
-both ends alike and cannot make the queue vanish. (With 16-token outputs at two clients the effect was a
-third of the noise on mean TPOT, and a loaded machine made the good end read like the bad one.)
+The harmful key is `max_num_seqs: 1` under four concurrent requests of 64 tokens (eight in all): each request
+waits for up to three others to finish before its first token, so mean TTFT grows several times over (a queue,
+not a speed; 66 ms against 553 ms on the idle machine), and that is the figure the bisect judges by. The
+machine is shared with the other worker: load slows both ends alike and cannot make the queue vanish. (With
+16-token outputs at two clients the effect was a third of the noise on mean TPOT, and a loaded machine made
+the good end read like the bad one.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def profile(folder: Path, name: str, **serve: Any) -> Path:
     data["serve"]["data_parallel_size"] = 1
     data["serve"] |= {k: v for k, v in serve.items() if k != "readiness"}
     data["serve"]["readiness"] |= serve.get("readiness", {})
-    data["bench"] |= {"prefix_hit": False, "random_output_len": 128, "max_concurrency": 4}
+    data["bench"] |= {"prefix_hit": False, "random_output_len": 64, "num_prompts": 8, "max_concurrency": 4}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

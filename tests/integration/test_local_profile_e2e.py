@@ -6,9 +6,10 @@ That run leaves the service up (--keep-serving) for this module's tests that onl
 the server's tool call and reasoning (the tiny checkpoint's scripted parts through the kimi_k3 tokenizer mode and
 parsers, streamed and not, with thinking off), the REAL lm_eval and AISBench scoring the local dataset, bench repeats
 judged from the real prefix-cache counters. Each runs the launch stage, which adopts the running ranks (one vLLM
-start for all of them, the suite's budget: docs/BENCHMARKS.md), then its own stage; not `validate`, whose
-preflight refuses a service port already taken. The module's teardown test then removes the ranks and shows
-nothing is left: no vLLM process, port, state folder or hub. The tests after it start their own.
+start for all of them, the suite's budget: docs/BENCHMARKS.md), then its own stage; not `validate`'s preflight,
+which refuses a service port already taken. The service ends as a fault ends a run: rank 1's tracked process
+killed during bench, the bench failing naming it and teardown leaving nothing (no vLLM process, port, state
+folder or hub). The tests after it start their own.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 import yaml
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.core.errors import ValidateFailed
+from k3deploy.core.errors import BenchStageFailed, ValidateFailed
 from k3deploy.core.paths import runs_dir
 from k3deploy.flows.accuracy import accuracy as accuracy_stage
 from k3deploy.flows.bench import bench as bench_stage
@@ -43,12 +44,13 @@ from k3deploy.records.report import markdown
 from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
-from tests.ports import in_this_netns, port_free
+from tests.ports import in_this_netns, port_free, started_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.prefect, pytest.mark.usefixtures("runs_dir")]
 ROOT = Path(__file__).parents[2]
 PROFILE = ROOT / "configs" / "local.yaml"
 LOCAL_DATASET = ROOT / "configs" / "accuracy" / "local"
+THIS_FILE = Path(__file__).name  # the stand-in's tests on the other worker run `vllm bench serve` from the same env
 RUN_STAGES = STAGES[:-1]  # with --keep-serving no teardown runs: the table says skipped
 
 
@@ -86,7 +88,11 @@ def nothing_left(config: str) -> None:
     state = Path(cfg.serve.process.state_dir)
     assert not any(state.glob("*/pid")), list(state.iterdir())
     env = cfg.image.environment.path.encode()
-    running = [p for p in Path("/proc").glob("[0-9]*/cmdline") if env in cmdline(p) and in_this_netns(p.parent)]
+    running = [
+        p
+        for p in Path("/proc").glob("[0-9]*/cmdline")
+        if env in cmdline(p) and in_this_netns(p.parent) and started_here(p.parent, THIS_FILE)
+    ]
     assert not running, f"processes still run from {cfg.image.environment.path}: {running}"
     assert port_free(cfg.serve.service_port) and port_free(cfg.serve.rpc_port)
     assert cfg.models.local_hub is not None and port_free(cfg.models.local_hub.port)  # the hub was stopped
@@ -287,14 +293,60 @@ def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(serv
     assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
 
 
-def test_teardown_removes_the_served_ranks_and_leaves_nothing(served: Served):
-    """The module's shared service ends here: teardown removes both ranks, and nothing is left running."""
-    removed = teardown(config=served.config)
-    assert sorted(removed.data["removed"]["local0"] + removed.data["removed"]["local1"]) == [
-        "vllm-kimi-k3-local0",
-        "vllm-kimi-k3-local1",
-    ]
+@pytest.mark.bench
+@pytest.mark.faults
+def test_killing_a_ranks_tracked_process_during_bench_fails_it_and_teardown_leaves_nothing(served: Served, tmp_path):
+    """The module's shared service ends here, as a fault ends a run: rank 1's tracked process (its `sh -c`
+    wrapper, not the engine) killed during bench fails the stage naming the rank, and teardown then removes both
+    ranks and every process of the killed rank's group (its engine ran on, re-parented): nothing is left."""
+    config = profile(tmp_path, {"bench": {"num_prompts": 400, "prefix_hit": False}})  # long enough to be killed in
+    cfg = load_config(config)
+    pid_file = Path(cfg.serve.process.state_dir) / "vllm-kimi-k3-local1" / "pid"
+    env = cfg.image.environment.path.encode()
+    url = f"127.0.0.1:{cfg.serve.service_port}".encode()  # this bench's target, not another test's
+    killed: dict[str, int] = {}
+    done = threading.Event()
+
+    def kill_once_bench_runs() -> None:
+        """Once this test's `vllm bench serve` runs, SIGKILL rank 1's tracked wrapper only: its engine runs on,
+        re-parented. Polled (a state of other processes: nothing to wait on but /proc) until the test ends."""
+        while not done.wait(0.5):
+            for proc in Path("/proc").glob("[0-9]*/cmdline"):
+                text = cmdline(proc)
+                if b"bench\0serve" in text and url in text and env in text and started_here(proc.parent, THIS_FILE):
+                    leader = int(pid_file.read_text())
+                    os.kill(leader, signal.SIGKILL)
+                    killed["pgid"] = leader
+                    return
+
+    assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted, not started again
+    killer = threading.Thread(target=kill_once_bench_runs, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(BenchStageFailed, match=r"local1.*DP rank 1"):
+            bench_stage(config=config)
+    finally:
+        done.set()
+        killer.join(60)
+    assert "pgid" in killed
+    removed = teardown(config=config).data["removed"]
+    assert sorted(removed["local0"] + removed["local1"]) == ["vllm-kimi-k3-local0", "vllm-kimi-k3-local1"]
+    assert group_alive(killed["pgid"]) == []  # the engine and its workers too, not only the wrapper
+    assert not pid_file.parent.exists()
     nothing_left(served.config)
+
+
+def group_alive(pgid: int) -> list[str]:
+    """Live (not zombie) processes of a process group, from /proc."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(stat.parent.name)
+    return alive
 
 
 def test_a_headless_rank_killed_while_requests_are_in_flight_fails_launch_naming_it(prefect_server, tmp_path):

@@ -37,7 +37,7 @@ from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.prefect_runs import finished, flow_run, logged, wait_for
 from tests.prefect_worker import processes_of
-from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
+from tests.standin_profile import PORT, bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 pytestmark = [pytest.mark.standin, pytest.mark.prefect, pytest.mark.vllm, needs_vllm_env,
@@ -132,7 +132,7 @@ def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_i
     assert {r.name for r in b_stages} and all(r.start_time >= a_released for r in b_stages)  # only after a's
     assert {c.flow_id for c in children(first.id)} == {c.flow_id for c in b_stages}  # preflight, launch, teardown
     assert read_record(str(second.id)).verdict == "pass"
-    assert port_free(18300)
+    assert port_free(PORT)
 
 
 def test_a_run_told_to_refuse_a_busy_cluster_fails_naming_the_run_that_holds_it(worker, tmp_path):

@@ -33,11 +33,10 @@ from k3deploy.flows.validate import validate
 from k3deploy.tasks import metrics
 from tests.bedconfig import write_config
 from tests.ports import port_free
-from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
+from tests.standin_profile import PORT, RPC_PORT, bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 ROOT = Path(__file__).parents[2]
-PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 STANDIN = ROOT / "testbed" / "standin" / "vllm_standin.py"
 
 SUCCESS = "vllm:request_success_total"
@@ -50,7 +49,7 @@ def deployment(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     config = write_config(tmp_path / "standin.yaml", standin_profile(tmp_path))
     yield config, tmp_path / "control.json"
     teardown(config=config)
-    assert not any((tmp_path / "serving").glob("*/pid")) and port_free(18300) and port_free(13645)
+    assert not any((tmp_path / "serving").glob("*/pid")) and port_free(PORT) and port_free(RPC_PORT)
 
 
 def with_expert_parallelism(config: str, tmp_path: Path) -> str:
@@ -323,6 +322,6 @@ def test_with_expert_parallelism_a_dead_rank_stalls_every_request_and_smoke_name
 
 def chat_or_timeout(body: dict[str, Any]) -> str:
     try:
-        return str(httpx.post("http://127.0.0.1:18300/v1/chat/completions", json=body, timeout=3).status_code)
+        return str(httpx.post(f"http://127.0.0.1:{PORT}/v1/chat/completions", json=body, timeout=3).status_code)
     except httpx.TimeoutException:
         return "no answer"

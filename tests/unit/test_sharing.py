@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.sharing import BED, LOCAL, STANDIN, group_of
@@ -23,6 +27,19 @@ def test_an_integration_module_marked_anywhere_goes_to_either_worker_unless_it_u
     assert group_of("/r/tests/integration/test_hub.py", True, anywhere=True) == BED
 
 
-def test_a_module_on_the_stand_ins_ports_goes_with_the_others_on_them_unless_it_uses_the_bed():
-    assert group_of("/r/tests/integration/test_prefect_operations.py", False, standin=True) == STANDIN
+def test_a_module_on_the_stand_in_is_a_group_of_its_own_unless_it_uses_the_bed():
+    """The stand-in's ports are each worker's own: two stand-in modules may run at once, each on one worker."""
+    operations = group_of("/r/tests/integration/test_prefect_operations.py", False, standin=True)
+    alerts = group_of("/r/tests/integration/test_alerts_webhook.py", False, standin=True)
+    assert operations and alerts and operations != alerts and STANDIN in operations
+    assert LOCAL not in (operations, alerts)
     assert group_of("/r/tests/integration/test_prefect_operations.py", True, standin=True) == BED
+
+
+def test_each_worker_has_stand_in_ports_of_its_own():
+    def ports(worker: str) -> str:
+        code = "from tests.standin_profile import PORT, RPC_PORT; print(PORT, RPC_PORT)"
+        env = {**os.environ, "PYTEST_XDIST_WORKER": worker}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+    assert ports("gw0") == "18300 13645\n" and ports("gw1") == "19300 14645\n"
