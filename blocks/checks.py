@@ -116,6 +116,15 @@ def _speculative(cfg: DeploymentConfig) -> list[Problem]:
     return []
 
 
+def _parsers(cfg: DeploymentConfig) -> list[Problem]:
+    """What vLLM refuses at start-up ("--enable-auto-tool-choice requires --tool-call-parser"), refused here."""
+    serve = cfg.serve
+    if serve.enable_auto_tool_choice and serve.tool_call_parser is None:
+        why = "is needed by serve.enable_auto_tool_choice (vLLM refuses to start without one): kimi_k3 for K3"
+        return [("serve.tool_call_parser", why)]
+    return []
+
+
 def _draft(cfg: DeploymentConfig) -> list[Problem]:
     draft = cfg.models.draft
     if draft is None:
@@ -191,6 +200,7 @@ def config_problems(cfg: DeploymentConfig) -> list[Problem]:
         *_paths(cfg),
         *_draft(cfg),
         *_speculative(cfg),
+        *_parsers(cfg),
         *_env(cfg),
         *_image(cfg),
         *_accuracy(cfg),

@@ -10,8 +10,8 @@ from pydantic_core import to_jsonable_python
 from k3deploy.blocks.source import ConfigSource, resolve_config
 from k3deploy.core.errors import PreflightFailed
 from k3deploy.core.stage import Finding, StageResult
-from k3deploy.tasks.preflight.evaluate import FactResult, table_row
-from k3deploy.tasks.preflight.facts import FACT_NAMES
+from k3deploy.tasks.preflight.evaluate import FactResult, one_machine_twice, table_row
+from k3deploy.tasks.preflight.facts import FACT_NAMES, LOCAL_HOST_KEY
 from k3deploy.tasks.preflight.gather import gather_node_facts
 from k3deploy.tasks.stage_run import StageRun
 
@@ -27,6 +27,8 @@ def record(run: StageRun, results: dict[str, list[FactResult]]) -> None:
         if ssh.state == "ok":
             host_keys[node] = ssh.value
             run.note(f"{node} host key {ssh.detail}")
+    for node, why in one_machine_twice(host_keys, LOCAL_HOST_KEY).items():
+        run.findings.append(Finding(subject=node, check="ssh", ok=False, detail=why))
     run.data = {"nodes": values, "host_keys": host_keys, "table": rows}
     run.table("facts", rows, f"One row per node, one column per fact ({', '.join(FACT_NAMES)}).")
 

@@ -111,8 +111,9 @@ class StageRun:
         except ServiceLost as err:  # the stage's own finding: which rank was lost, how
             self.findings.append(Finding(f"{err.node} (DP rank {err.rank})", "serving", False, err.reason))
             self.data["service_lost"] = {"node": err.node, "rank": err.rank, "reason": err.reason}
-            self.failed(str(err), cause=FailureCause(failure_class=FailureClass.ENGINE, evidence=err.reason,
-                                                     node=err.node, dp_rank=err.rank))  # fmt: skip
+            cause = FailureCause(failure_class=FailureClass(err.named or FailureClass.ENGINE), evidence=err.reason,
+                                 node=err.node, dp_rank=err.rank, log_line=err.log_line, family=err.family)  # fmt: skip
+            self.failed(str(err), cause=cause)
         except K3DeployError as err:
             self.failed(str(err), cause=error_cause(err, self.failure.failure_class))
 

@@ -81,12 +81,18 @@ class ServiceLost(NodeError):
 
     failure_class = "engine"
 
-    def __init__(self, stage: str, node: str, rank: int, reason: str) -> None:
-        self.stage, self.rank, self.reason = stage, rank, reason
+    def __init__(
+        self, stage: str, node: str, rank: int, reason: str, log_line: int | None = None, named: str | None = None,
+        family: str | None = None,
+    ) -> None:  # fmt: skip
+        # named: whose problem the rank's own cause line says it is (a FailureClass value), when it says
+        self.stage, self.rank, self.reason, self.log_line, self.named, self.family = (
+            stage, rank, reason, log_line, named, family
+        )  # fmt: skip
         super().__init__(node, f"DP rank {rank}: {reason}")
 
-    def __reduce__(self) -> tuple[type[ServiceLost], tuple[str, str, int, str]]:
-        return (type(self), (self.stage, self.node, self.rank, self.reason))
+    def __reduce__(self) -> tuple[type[ServiceLost], tuple[object, ...]]:
+        return (type(self), (self.stage, self.node, self.rank, self.reason, self.log_line, self.named, self.family))
 
 
 class TransportError(K3DeployError):

@@ -61,9 +61,12 @@ class FailureCause(BaseModel):
     evidence: str = Field(description="The line, finding or message that shows the cause.")
     node: str | None = None
     dp_rank: int | None = None
+    log_line: int | None = Field(default=None, description="Where the evidence's line is in the node's log (1-based).")
+    family: str | None = Field(default=None, description="The kind of failure, when a fatal log pattern knows it.")
 
     def describe(self) -> str:
         where = (self.node or "") + (f" (DP rank {self.dp_rank})" if self.dp_rank is not None else "")
+        where += f", log line {self.log_line}" if self.log_line is not None else ""
         return f"{self.failure_class.value}: " + (f"{where}: " if where else "") + self.evidence
 
 

@@ -49,7 +49,8 @@ class ServiceNotReady(K3DeployError):
         if lost is None:
             return FailureCause(failure_class=FailureClass.ENGINE, evidence=str(self))
         evidence = f"{lost.reason}: {lost.line}" if lost.line else lost.reason
-        return FailureCause(failure_class=FailureClass.ENGINE, evidence=evidence, node=lost.node, dp_rank=lost.rank)
+        return FailureCause(failure_class=FailureClass(lost.failure_class or FailureClass.ENGINE), evidence=evidence,
+                            node=lost.node, dp_rank=lost.rank, log_line=lost.log_line, family=lost.family)  # fmt: skip
 
 
 class NotAsPlanned(ServiceNotReady):
@@ -126,9 +127,12 @@ def wait_until_ready(
                     last = result
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    said = monitor.cause_in_logs(f"not ready after {ready.timeout_s:g}s")  # a rank's own words
                     raise ServiceNotReady(
                         f"not ready after {ready.timeout_s:g}s; the last probe: {result.detail}; "
                         f"milestones seen: {watcher.milestones()}"
+                        + (f"; {said.describe()}" if said is not None else ""),
+                        said,
                     )
                 monitor.failed.wait(min(ready.poll_s, remaining))  # wakes at once on a failure
             record.time_to_ready_s = round(time.monotonic() - t0, 3)

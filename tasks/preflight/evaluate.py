@@ -123,3 +123,19 @@ def evaluate_node(cfg: Cfg, index: int, got: NodeOutputs) -> list[FactResult]:
 def table_row(node: str, results: list[FactResult]) -> dict[str, str]:
     """One row of the node × fact table artifact: the node, then one cell per fact."""
     return {"node": node, **{r.fact: r.cell for r in results}}
+
+
+def one_machine_twice(host_keys: dict[str, str], local_key: str) -> dict[str, str]:
+    """Node → why it fails when its SSH host key is another node's too: two `cluster.nodes` entries that are one
+    machine (an address and its alias), whose ranks would share that machine's NPUs. Local nodes (one machine
+    by design, the local profile) have no key of their own and are not compared."""
+    by_key: dict[str, list[str]] = {}
+    for node, key in host_keys.items():
+        if key != local_key:
+            by_key.setdefault(key, []).append(node)
+    out: dict[str, str] = {}
+    for key, nodes in by_key.items():
+        for node in nodes if len(nodes) > 1 else ():
+            others = ", ".join(n for n in nodes if n != node)
+            out[node] = f"the same host key as {others} ({key}): one machine listed as {len(nodes)} nodes"
+    return out

@@ -96,7 +96,8 @@ class ServiceWatch:
         if failure is None:
             return None
         reason = failure.reason + (f": {failure.line}" if failure.line else "")
-        return ServiceLost(self.stage, failure.node, failure.rank, reason)
+        return ServiceLost(self.stage, failure.node, failure.rank, reason, failure.log_line, failure.failure_class,
+                           failure.family)  # fmt: skip
 
     def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """`fn(*args, **kwargs)` in a thread of its own (with this run's Prefect context); its result, or

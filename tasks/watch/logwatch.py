@@ -24,16 +24,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from k3deploy.core.errors import ConfigError
+from k3deploy.core.stage import FailureClass
 
 DEFAULT_PATTERNS = Path(__file__).with_name("log_patterns.json")
 MAX_EVENT_LINE = 500  # characters of the line kept in a LogEvent
 MAX_KEPT_FATALS = 100  # fatal events kept by a watcher; a node can repeat one forever
 MIN_ANCHOR = 3  # shorter required literals would make the pre-filter fire on most lines
+CLASSES = {c.value for c in FailureClass}
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 Kind = Literal["milestone", "fatal", "user_text"]
 _ENTRY_KEYS = {
-    "fatal": {"id", "pattern", "why", "capture", "examples"},
+    "fatal": {"id", "pattern", "why", "capture", "examples", "family", "class", "consequence"},
     "milestone": {"id", "pattern", "capture", "examples"},
     "user_text": {"id", "pattern", "why", "examples"},
 }
@@ -53,6 +55,9 @@ class LinePattern:
     regex: re.Pattern[str]
     capture: str | None = None
     why: str | None = None
+    family: str | None = None  # the kind of failure (fatal only): several patterns may name one
+    failure_class: str | None = None  # whose problem it is (a FailureClass value); None: the stage's default
+    consequence: bool = False  # what other processes say after a failure: its cause is in the lines before
 
     def value(self, match: re.Match[str]) -> str | None:
         return match.group(self.capture) if self.capture else None
@@ -75,6 +80,10 @@ class Patterns:
     @cached_property
     def all(self) -> tuple[LinePattern, ...]:
         return self.fatal + self.milestones
+
+    @cached_property
+    def by_id(self) -> dict[str, LinePattern]:
+        return {p.id: p for p in self.all}
 
     def match(self, line: str) -> list[tuple[LinePattern, str | None]]:
         """The first fatal pattern and every milestone found in `line`, with their captured values."""
@@ -171,9 +180,13 @@ def _compile_entry(
     extra = set(entry) - _ENTRY_KEYS[kind]
     if extra:
         problems.append((where, f"unknown key(s) {sorted(extra)}; allowed: {sorted(_ENTRY_KEYS[kind])}"))
-    for key in ("why", "capture"):
+    for key in ("why", "capture", "family"):
         if key in entry and not (isinstance(entry[key], str) and entry[key]):
             problems.append((f"{where}.{key}", "must be a non-empty string"))
+    if "class" in entry and entry["class"] not in CLASSES:
+        problems.append((f"{where}.class", f"must be one of {sorted(CLASSES)}"))
+    if "consequence" in entry and not isinstance(entry["consequence"], bool):
+        problems.append((f"{where}.consequence", "must be true or false"))
     if kind != "milestone" and "why" not in entry:
         problems.append((f"{where}.why", "is required: one line saying what to do"))
     source = entry.get("pattern")
@@ -199,7 +212,8 @@ def _compile_entry(
                 problems.append((f"{where}.examples[{i}]", "does not match its own pattern"))
     if len(problems) > before or not isinstance(ident, str):  # a non-string id was reported above
         return None
-    return LinePattern(kind, ident, regex, capture, entry.get("why"))
+    return LinePattern(kind, ident, regex, capture, entry.get("why"), entry.get("family"), entry.get("class"),
+                       entry.get("consequence", False))  # fmt: skip
 
 
 def required_literals(regex: re.Pattern[str]) -> list[str] | None:
@@ -392,6 +406,11 @@ class LogBuffer:
             self._lines.append(line if len(line) <= self.max_line_chars else line[: self.max_line_chars] + "…")
             if self._file is not None:
                 self._file.write(line + "\n")
+
+    def numbered(self) -> tuple[int, list[str]]:
+        """The kept lines and the number (1-based) of the first of them in the whole log."""
+        with self._lock:
+            return self._seen - len(self._lines) + 1, list(self._lines)
 
     def tail(self, n: int | None = None) -> list[str]:
         """The last `n` lines kept (all kept lines when n is None)."""

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from k3deploy.tasks.runtime import Runtime
-from k3deploy.tasks.watch.logwatch import LogBuffer, LogWatcher
+from k3deploy.tasks.watch.cause import failure_class, find_cause
+from k3deploy.tasks.watch.logwatch import LogBuffer, LogEvent, LogWatcher, strip_ansi
 
 MAX_PARTIAL = 64 * 1024  # a "line" longer than this is cut: memory stays bounded
 EXIT_LOG_GRACE_S = 2.0  # after an exit, let the log thread read the last lines (they name the cause)
@@ -33,6 +34,9 @@ class Failure:
     line: str | None
     seen_at: float  # time.time() when this machine saw it
     emitted_at: float | None  # the engine's timestamp of the line, when there is one
+    log_line: int | None = None  # where `line` is in the node's log (1-based), when it is the log's
+    failure_class: str | None = None  # whose problem, when the line says (its family, or what raised it)
+    family: str | None = None  # the kind of failure, when a fatal pattern knows the line
 
     def describe(self) -> str:
         where = f"{self.node} (DP rank {self.rank})"
@@ -67,6 +71,7 @@ class LaunchMonitor:
         self.failed = threading.Event()
         self.failure: Failure | None = None
         self.buffers: dict[str, LogBuffer] = {}
+        self.ranks: dict[str, int] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._log_threads: dict[str, threading.Thread] = {}
@@ -81,6 +86,7 @@ class LaunchMonitor:
                 self.failed.set()
 
     def follow(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
+        self.ranks[node] = rank
         self.buffers[node] = LogBuffer(self.max_lines, self.log_dir / f"{node}{self.log_suffix}.log")
         logs = threading.Thread(target=self._follow_logs, args=(node, rank, runtime, handle), daemon=True)
         waits = threading.Thread(target=self._wait_exit, args=(node, rank, runtime, handle), daemon=True)
@@ -104,18 +110,56 @@ class LaunchMonitor:
         emitted, text = split_timestamp(line)
         self.buffers[node].append(text)
         for event in self.watcher.feed(node, rank, text):
-            if event.kind == "fatal":
-                cause = f"{event.id} {event.value}" if event.value else event.id  # e.g. cann_error_code EL0004
-                reason = f"fatal log line {cause} ({event.why})" if event.why else f"fatal log line {cause}"
-                self.fail(Failure(node, rank, reason, event.line, time.time(), emitted))
+            if event.kind != "fatal":
+                continue
+            pattern = self.watcher.patterns.by_id[event.id]
+            if pattern.consequence:  # its cause is in the lines before it, or just after (a traceback)
+                timer = threading.Timer(EXIT_LOG_GRACE_S, self._fail_at_consequence, (node, rank, event, emitted))
+                timer.daemon = True
+                timer.start()
+            else:  # the line is a cause: named at once, where it is in the log
+                number = self.buffers[node].lines_seen
+                self.fail(Failure(node, rank, fatal_reason(event), event.line, time.time(), emitted, number,
+                                  pattern.failure_class, pattern.family))  # fmt: skip
+
+    def _fail_at_consequence(self, node: str, rank: int, event: LogEvent, emitted: float | None) -> None:
+        """A consequence's failure names the cause its burst of the log holds (tasks/watch/cause.py)."""
+        named = self._from_log(node, rank, fatal_reason(event), emitted)
+        self.fail(named or Failure(node, rank, fatal_reason(event), event.line, time.time(), emitted))
+
+    def cause_in_logs(self, what: str) -> Failure | None:
+        """The first node's (in the order followed) cause line, with `what` as the reason no family gives: for a
+        launch that timed out, the engine's own words if any rank has some."""
+        for node, rank in self.ranks.items():
+            found = self._from_log(node, rank, what)
+            if found is not None:
+                return found
+        return None
+
+    def _from_log(self, node: str, rank: int, what: str, emitted: float | None = None) -> Failure | None:
+        """The failure named by the cause line of the node's log (tasks/watch/cause.py), if the log has one: the
+        reason is its family's why when a family knows it, else `what`."""
+        first, lines = self.buffers[node].numbered()
+        cause = find_cause(lines, self.watcher.patterns)
+        if cause is None:
+            return None
+        named, text = cause.pattern, cause.text()
+        found = named.regex.search(strip_ansi(text)) if named is not None else None
+        reason = what
+        if named is not None and found is not None:
+            value = named.value(found)
+            reason = f"fatal log line {named.id} {value}" if value else f"fatal log line {named.id}"
+            reason += f" ({named.why})" if named.why else ""
+        return Failure(node, rank, reason, text, time.time(), emitted, first + cause.number - 1,
+                       failure_class(cause), named.family if named is not None else None)  # fmt: skip
 
     def _wait_exit(self, node: str, rank: int, runtime: Runtime, handle: str) -> None:
         ended = runtime.wait_exit(handle, self._stopping)
         if ended is None or self._stopping.is_set():
             return
         self._log_threads[node].join(EXIT_LOG_GRACE_S)
-        tail = " | ".join(self.buffers[node].tail(3))
-        self.fail(Failure(node, rank, f"{ended} during {self.phase}", tail, time.time(), None))
+        what = f"{ended} during {self.phase}"
+        self.fail(self._from_log(node, rank, what) or Failure(node, rank, what, None, time.time(), None))
 
     def stop(self) -> None:
         """Stop reporting. Followers that end on stop (a process's tail and exit wait, stopped on the node) are
@@ -128,3 +172,9 @@ class LaunchMonitor:
         for buffer in self.buffers.values():
             with contextlib.suppress(OSError):
                 buffer.close()
+
+
+def fatal_reason(event: LogEvent) -> str:
+    """'fatal log line cann_error_code EL0004 (why)': the pattern, its captured value and its why."""
+    cause = f"{event.id} {event.value}" if event.value else event.id
+    return f"fatal log line {cause} ({event.why})" if event.why else f"fatal log line {cause}"

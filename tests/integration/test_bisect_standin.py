@@ -79,11 +79,11 @@ def test_a_key_that_makes_launch_fail_is_named_with_the_failures_class(site: Sit
     assert out.returncode == 0, out.stdout + out.stderr
     outcome = document["outcome"]
     assert (outcome["verdict"], outcome["culprits"]) == ("culprit", ["serve.max_model_len"])
-    assert outcome["failure_class"] == record["failure"]["failure_class"] == "engine"
+    assert outcome["failure_class"] == record["failure"]["failure_class"] == "configuration"  # refused max_model_len
     assert [(e["name"], e["reproduces"], e["failed_stage"]) for e in document["experiments"]] == [
         ("bad end", True, "launch"),
         ("good end", False, None),
     ]
-    assert "verdict: culprit: serve.max_model_len (engine)" in out.stdout
+    assert "verdict: culprit: serve.max_model_len (configuration)" in out.stdout
     flows = stage_flow_runs(document["bisect_id"])
     assert flows == ["preflight", "launch", "teardown", "launch", "teardown"], flows  # judged at launch: no further

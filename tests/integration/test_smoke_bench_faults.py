@@ -150,9 +150,9 @@ def test_a_fatal_line_while_serving_fails_smoke_naming_node_rank_and_line(prefec
     lost = failed.value.result.data["service_lost"]
     assert (lost["node"], lost["rank"]) == ("local1", 1)
     assert lost["reason"].startswith("fatal log line collective_timeout (") and lost["reason"].endswith(f": {line}")
-    cause = failed.value.result.failure  # whose problem: the engine's, with the line as its evidence
-    assert cause is not None and (cause.failure_class, cause.node, cause.dp_rank) == ("engine", "local1", 1)
-    assert cause.evidence.endswith(line)
+    cause = failed.value.result.failure  # whose problem: the collective's (a peer or the links), with the line
+    assert cause is not None and (cause.failure_class, cause.node, cause.dp_rank) == ("infrastructure", "local1", 1)
+    assert cause.evidence.endswith(line) and cause.family == "collective_timeout" and cause.log_line
     assert os.killpg(rank_pid(tmp_path, 1), 0) is None  # still running: the log line alone failed the stage
 
 
@@ -184,18 +184,20 @@ def test_a_rank_killed_during_bench_stops_the_tool_and_fails_the_run_naming_it(p
 def test_a_cann_error_in_a_rank_fails_the_run_as_an_engine_failure_named_by_its_family_in_the_record(
     prefect_server, deployment, tmp_path
 ):
-    """A real published CANN line no specific pattern knows (vllm-ascend#3479), printed by rank 1 at start-up."""
+    """A real published CANN line no specific pattern knows (vllm-ascend#5135), printed by rank 1 at start-up: named
+    by the CANN code family, with where it is in the rank's log."""
     config, control = deployment
-    line = (
-        "(EngineCore_DP0 pid=3132) ERROR 10-15 16:32:16 [core.py:708] EL0004: [PID: 3132] "
-        "2025-10-15-16:32:16.417.528 Failed to allocate memory."
-    )
+    line = "ERROR 12-17 09:31:58 [engine.py:458] EH9999: Inner Error!"
     control.write_text(json.dumps({"K3SIM_FATAL_LINE_DP1": line, "K3SIM_FATAL_KEEP_RUNNING": "1"}))
-    record = run_record(validate(config=config, only=["launch", "smoke"], return_state=True))
+    state = validate(config=config, only=["launch", "smoke"], return_state=True)
+    record = run_record(state)
     assert (record["verdict"], record["failed_stage"]) == ("fail", "launch")
     failure = record["failure"]
     assert (failure["failure_class"], failure["node"], failure["dp_rank"]) == ("engine", "local1", 1), failure
-    assert "fatal log line cann_error_code EL0004 (" in failure["evidence"] and failure["evidence"].endswith(line)
+    assert "fatal log line cann_error_code EH9999 (" in failure["evidence"] and failure["evidence"].endswith(line)
+    assert failure["family"] == "cann_error"
+    log = runs_dir() / str(state.state_details.flow_run_id) / "logs" / "local1.log"
+    assert log.read_bytes().decode().split("\n")[failure["log_line"] - 1] == line  # where the rank said it
     assert nothing_serving(tmp_path)
 
 

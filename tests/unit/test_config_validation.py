@@ -235,3 +235,11 @@ def test_ssh_nodes_still_need_distinct_addresses(attr, field):
     nodes[2][attr] = nodes[0]["address"]
     problems = problems_of(with_changes(site_data(), cluster__nodes=nodes))
     assert "already used by cluster.nodes[0]" in problems[f"cluster.nodes[2].{field}"]
+
+
+def test_auto_tool_choice_without_a_tool_call_parser_is_refused_before_any_node_is_touched():
+    """vLLM refuses it at start-up (`--enable-auto-tool-choice requires --tool-call-parser`): refused here."""
+    refused = problems_of(with_changes(site_data(), serve__tool_call_parser=None))
+    assert "enable_auto_tool_choice" in refused["serve.tool_call_parser"]
+    cfg = parse_config(with_changes(site_data(), serve__tool_call_parser=None, serve__enable_auto_tool_choice=False))
+    assert cfg.serve.tool_call_parser is None

@@ -6,12 +6,13 @@ import json
 import subprocess
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from k3deploy.blocks.loader import parse_config
 from k3deploy.tasks.batch import SectionOutput, parse_output
 from k3deploy.tasks.preflight import facts as pf
-from k3deploy.tasks.preflight.evaluate import NodeOutputs, evaluate, evaluate_node, table_row
+from k3deploy.tasks.preflight.evaluate import NodeOutputs, evaluate, evaluate_node, one_machine_twice, table_row
 from k3deploy.tasks.preflight.gather import node_sections
 from k3deploy.tasks.transport.ssh import openssh_fingerprint
 from tests.configs import site_data, with_changes
@@ -384,3 +385,14 @@ def test_local_profile_leaves_npu_facts_and_paths_not_applicable():
     results = {r.fact: r for r in evaluate_node(local_profile(), 0, got)}
     assert {f for f, r in results.items() if r.state == "n/a"} == {"driver", "firmware", "mounts", "devices"}
     assert results["ssh"].cell == "local (no SSH)"
+
+
+def test_two_nodes_with_one_host_key_are_one_machine_and_both_are_named():
+    """An address and its alias listed as two nodes: the same host key twice. Their ranks would share one
+    machine's NPUs; both nodes fail, each naming the other. Local nodes (no SSH, one machine by design) do not."""
+    a, b = (openssh_fingerprint(paramiko.RSAKey.generate(1024).asbytes()) for _ in range(2))
+    found = one_machine_twice({"node0": a, "node1": a, "node2": b, "node3": b}, pf.LOCAL_HOST_KEY)
+    assert found["node0"].startswith(f"the same host key as node1 ({a})") and "node0" in found["node1"]
+    assert set(found) == {"node0", "node1", "node2", "node3"}
+    assert one_machine_twice({"node0": a, "node1": b}, pf.LOCAL_HOST_KEY) == {}
+    assert one_machine_twice({"local0": pf.LOCAL_HOST_KEY, "local1": pf.LOCAL_HOST_KEY}, pf.LOCAL_HOST_KEY) == {}
