@@ -302,6 +302,12 @@ def bench_seed(workload: str, concurrency: int, repeat: int = 1) -> int:
     return zlib.crc32(f"{workload}-c{concurrency}-r{repeat}".encode()) & 0x7FFFFFFF
 
 
+def bench_result_dir(cfg: DeploymentConfig) -> str:
+    """Where node 0 saves this config's results: a folder of its own under bench.result_dir, so two clusters whose
+    node 0 is one machine and working folder (two local profiles) never read or remove each other's files."""
+    return f"{cfg.bench.result_dir.rstrip('/')}/{cfg.evidence_key()}"
+
+
 def bench_argv(
     cfg: DeploymentConfig, workload: str = "random", concurrency: int | None = None, repeat: int = 1
 ) -> list[str]:
@@ -339,7 +345,7 @@ def bench_argv(
     argv += ["--percentile-metrics", bench.percentile_metrics, "--metric-percentiles", bench.metric_percentiles]
     argv += ["--seed", str(bench_seed(workload, concurrency, repeat)), *bench.slo.goodput_args()]
     name = bench_file(workload, concurrency, repeat)
-    argv += ["--save-result", "--result-dir", bench.result_dir, "--result-filename", name]
+    argv += ["--save-result", "--result-dir", bench_result_dir(cfg), "--result-filename", name]
     return argv + list(bench.extra_args)
 
 

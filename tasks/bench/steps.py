@@ -33,7 +33,7 @@ from k3deploy.tasks.bench.results import (
     required_figures,
 )
 from k3deploy.tasks.endpoints import service_url
-from k3deploy.tasks.render import NodePlan, Plan, bench_argv, bench_file
+from k3deploy.tasks.render import NodePlan, Plan, bench_argv, bench_file, bench_result_dir
 from k3deploy.tasks.runtime import Runtime, serving_runtimes
 from k3deploy.tasks.sized_read import parse_sized, sized_read_command
 
@@ -163,7 +163,8 @@ def run_bench(
     logger = get_run_logger()
     node = plan.nodes[0]
     argv = bench_argv(cfg, workload, concurrency, repeat)
-    where = shlex.quote(cfg.bench.result_dir)
+    result_dir = bench_result_dir(cfg)
+    where = shlex.quote(result_dir)
     name = bench_file(workload, concurrency, repeat)
     folder.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -189,9 +190,9 @@ def run_bench(
             tail = "\n".join(lines[-TAIL_LINES:])
             raise ToolFailed(node.node, f"vllm bench serve ({workload}, concurrency {concurrency}) exited "
                                        f"{done.exit_code}:\n{tail}")  # fmt: skip
-        text = read_beside(beside, node, f"{cfg.bench.result_dir}/{name}")
-        saved = f"{where}/{shlex.quote(name)}"
-        beside.run_beside(node, f"rm -f {saved}; rmdir {where} 2>/dev/null || true", 120)  # kept here, not there
+        text = read_beside(beside, node, f"{result_dir}/{name}")
+        saved, parent = f"{where}/{shlex.quote(name)}", shlex.quote(cfg.bench.result_dir)
+        beside.run_beside(node, f"rm -f {saved}; rmdir {where} {parent} 2>/dev/null || true", 120)  # kept here only
     after = read_metrics(cfg)
     spec, cache = acceptance(before, after), prefix_cache(before, after)
     try:
@@ -204,7 +205,7 @@ def run_bench(
     except ValueError as err:
         kept = folder / f"{name}.unreadable"
         kept.write_text(text)
-        raise ToolFailed(node.node, f"{cfg.bench.result_dir}/{name} (kept as {kept}): {err}") from None
+        raise ToolFailed(node.node, f"{result_dir}/{name} (kept as {kept}): {err}") from None
     spec_file, cache_file = _sidecars(folder / name)
     for sidecar, found in ((spec_file, spec), (cache_file, cache)):  # first: the JSON marks the run as measured
         if found is not None:

@@ -29,12 +29,16 @@ pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.
               pytest.mark.prefect, pytest.mark.timeout(1500)]  # fmt: skip
 ROOT = Path(__file__).parents[2]
 PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
+# One rank: its engine runs its model in its own process, not in a worker process of its own (vLLM's V1
+# multiprocessing off), one vLLM import fewer per start; what relaunches show is the same.
+ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def profile(folder: Path, name: str, **serve: Any) -> Path:
     data = json.loads(json.dumps(PROFILE))
     data["cluster"]["nodes"] = data["cluster"]["nodes"][:1]
     data["serve"]["data_parallel_size"] = 1
+    data["serve"]["env"] |= ONE_PROCESS
     data["serve"] |= {k: v for k, v in serve.items() if k != "readiness"}
     data["serve"]["readiness"] |= serve.get("readiness", {})
     data["bench"] |= {"prefix_hit": False, "random_output_len": 64, "num_prompts": 8, "max_concurrency": 4}

@@ -398,6 +398,7 @@ def test_the_random_weight_checkpoint_fails_tool_call_and_reasoning_with_a_reaso
     data["models"]["target"]["repo"] = "k3deploy/tiny-kimi-k3-random"
     data["cluster"]["nodes"] = data["cluster"]["nodes"][:1]  # one rank starts sooner; what parses is the same
     data["serve"]["data_parallel_size"] = 1
+    data["serve"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one rank: its model in the engine's process
     config = write_config(tmp_path / "random.yaml", data)
     state = validate(config=config, only=["models", "launch", "smoke"], return_state=True)
     with pytest.raises(ValidateFailed, match="validate failed at smoke: 2 check"):

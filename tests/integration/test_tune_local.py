@@ -60,6 +60,7 @@ def bed(prefect_server, tmp_path_factory) -> dict[str, Any]:
     data = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
     data["cluster"]["nodes"] = data["cluster"]["nodes"][:1]
     data["serve"]["data_parallel_size"] = 1
+    data["serve"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one rank: its model in the engine's process
     data["serve"]["liveness"] = {"metrics_poll_s": 0.5}  # the KV cache's fullest point, read often in a short bench
     (folder / "local.yaml").write_text(yaml.safe_dump(data))
     (folder / "tune.yaml").write_text(yaml.safe_dump(MATRIX))
@@ -152,10 +153,10 @@ def test_a_matrix_interrupted_mid_cell_resumes_records_a_rejected_cell_and_draws
 
     rejected = cells["rejected"]
     assert rejected["verdict"] == "fail" and rejected["failed_stage"] == "launch"
-    assert rejected["failure"]["failure_class"] == "engine"
+    assert rejected["failure"]["failure_class"] == "configuration"  # the engine refused its arguments (pydantic)
     assert "max_num_seqs (4096)" in rejected["failure"]["evidence"], rejected["failure"]
     assert [s["verdict"] for s in rejected["stages"]] == ["fail", "skipped", "skipped", "pass"]  # torn down
-    assert "■■ cell rejected: fail: engine" in out.stderr
+    assert "■■ cell rejected: fail: configuration" in out.stderr
     assert "Recommended: " in out.stdout and "Not known: accuracy was not measured" in out.stdout
 
     # Nothing of the tune is left running.

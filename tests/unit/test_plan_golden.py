@@ -96,18 +96,20 @@ def test_speculative_config_matches_seed(repo, tokens):
 
 
 def test_bench_matches_seed(plan):
-    """The seed's command, plus the percentiles the run record keeps, a file name per workload and a seed of each
-    run's own (vLLM's one default seed would send every cold run the same prompts)."""
+    """The seed's command, plus the percentiles the run record keeps, a file name per workload, a seed of each
+    run's own (vLLM's one default seed would send every cold run the same prompts) and a result folder of the
+    config's own under the seed's (two clusters whose node 0 is one machine never take each other's files)."""
     from k3deploy.tasks.render import bench_seed
 
     env = {"NODE0_IP": SITE["<NODE0_IP>"], "TOKENIZER_PATH": MODEL_PATH}
     positional, rendered = seed.flags(plan.bench_argv)
     seed_positional, expected = seed.flags(shlex.split(seed.expand(BENCH_CMD, env)))
+    own = f"./benchmark-results/{parse_config(site_data()).evidence_key()}"
     assert positional == seed_positional and rendered - expected == seed.flags(
         ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-         "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4))]
+         "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4)), "--result-dir", own]
     )[1]  # fmt: skip
-    assert expected - rendered == seed.flags([])[1]
+    assert expected - rendered == seed.flags(["--result-dir", "./benchmark-results"])[1]
 
 
 def test_text_plan_pastes_back_to_the_same_commands(plan):
