@@ -16,16 +16,21 @@ from k3deploy.tasks.render import NodePlan
 # The process runtime's reader: the pid file names the `setsid sh -c` that runs `env … vllm serve …`; its child,
 # once `env` has exec'd the server (waited for, 10 s at most), is the server. NUL-separated cmdline and environ,
 # each after a marker line, as /proc holds them; `#exited` when the server has already ended (its rc is written).
+# A server that ends while it is read (its /proc gone, or a zombie's empty cmdline) is looked at again: `#exited`.
 _PROC_READ = """cd {folder} && p=$(cat pid) || exit 3
 i=0
 while :; do
   c=$(ps -o pid= --ppid "$p" | head -n 1 | tr -d ' ')
-  if [ -n "$c" ] && [ "$(tr '\\0' '\\n' <"/proc/$c/cmdline" | head -n 1)" != env ]; then break; fi
+  if [ -n "$c" ] && [ "$(tr '\\0' '\\n' <"/proc/$c/cmdline" 2>/dev/null | head -n 1)" != env ] \\
+     && cat "/proc/$c/cmdline" >.read-cmdline 2>/dev/null && [ -s .read-cmdline ] \\
+     && cat "/proc/$c/environ" >.read-environ 2>/dev/null; then
+    echo "#cmdline"; cat .read-cmdline; echo; echo "#environ"; cat .read-environ; rm -f .read-cmdline .read-environ
+    exit 0
+  fi
   if [ -z "$c" ] && [ -f rc ]; then echo "#exited"; exit 0; fi
   i=$((i + 1)); [ "$i" -lt 50 ] || exit 4
   sleep 0.2
 done
-echo "#cmdline"; cat "/proc/$c/cmdline"; echo; echo "#environ"; cat "/proc/$c/environ"
 """
 
 

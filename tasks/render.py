@@ -303,9 +303,10 @@ def bench_seed(workload: str, concurrency: int, repeat: int = 1) -> int:
 
 
 def bench_result_dir(cfg: DeploymentConfig) -> str:
-    """Where node 0 saves this config's results: a folder of its own under bench.result_dir, so two clusters whose
-    node 0 is one machine and working folder (two local profiles) never read or remove each other's files."""
-    return f"{cfg.bench.result_dir.rstrip('/')}/{cfg.evidence_key()}"
+    """Where node 0 saves this config's results: a folder of its own under bench.result_dir (named by the servers'
+    fingerprint, which the plan shows), so two clusters whose node 0 is one machine and working folder (two local
+    profiles) never read or remove each other's files; one cluster's runs take turns (the cluster lock)."""
+    return f"{cfg.bench.result_dir.rstrip('/')}/{cfg.fingerprint()}"
 
 
 def bench_argv(

@@ -94,12 +94,18 @@ def recommendation(record: TuneRecord) -> list[str]:
     return lines
 
 
+def _cut(text: str, head: int = 120, tail: int = 280) -> str:
+    """A long outcome's start (class, node, rank) and its end (the engine's own line ends the evidence)."""
+    return text if len(text) <= head + tail + 3 else f"{text[:head]} … {text[-tail:]}"
+
+
 def cell_rows(record: TuneRecord) -> list[dict[str, str]]:
     rows = []
     for cell in record.cells:
-        base = {"cell": cell.name + (" (reference)" if cell.name == record.reference else ""),
-                "outcome": cell.verdict.upper() if cell.failure is None else f"FAIL at {cell.failed_stage}: "
-                f"{cell.failure.describe()}"[:300]}  # fmt: skip
+        outcome = (
+            cell.verdict.upper() if cell.failure is None else f"FAIL at {cell.failed_stage}: {cell.failure.describe()}"
+        )
+        base = {"cell": cell.name + (" (reference)" if cell.name == record.reference else ""), "outcome": _cut(outcome)}
         kv = cell.engine.get("kv_tokens")
         extra = {"KV cache tokens": "" if kv is None else str(kv),
                  "KV peak": "" if cell.kv_cache_usage_peak is None else f"{cell.kv_cache_usage_peak:.2%}",

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from k3deploy.blocks.loader import load_config
 from k3deploy.core.errors import BenchStageFailed, SmokeStageFailed, ValidateFailed
 from k3deploy.core.paths import runs_dir
 from k3deploy.flows.bench import bench
@@ -31,6 +32,7 @@ from k3deploy.flows.smoke import smoke
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
 from k3deploy.tasks import metrics
+from k3deploy.tasks.render import bench_result_dir
 from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.standin_profile import PORT, RPC_PORT, bench_runs_left, nothing_serving, standin_profile
@@ -113,7 +115,7 @@ def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requ
     run = failed.value.result.data["runs"][0]
     assert (run["completed"], run["failed"], run["failed_reported"]) == (16, 4, True)  # vLLM 0.32 reports it
     assert Path(failed.value.result.data["folder"], "random-c2.json").exists()  # the tool's own JSON, kept
-    assert not Path("benchmark-results").exists()  # and not left on the node (here: bench's working folder)
+    assert not Path(bench_result_dir(load_config(config))).exists()  # and not left on the node (its working folder)
 
 
 @pytest.mark.smoke

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -52,15 +54,24 @@ def test_a_test_is_known_by_its_id_without_xdist_s_group(nodeid, test):
     assert plain_id(nodeid) == test
 
 
+def execed(proc: subprocess.Popen[bytes]) -> str:
+    """The child's pid once it runs `sh` (until then /proc shows the forked parent's environment), bounded."""
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sh":
+        assert time.monotonic() < deadline, "the child never exec'd sh"
+        time.sleep(0.01)  # a state of another process: nothing to wait on but /proc
+    return str(proc.pid)
+
+
 def test_a_start_is_put_down_to_the_test_in_its_environment():
     env = {"PYTEST_CURRENT_TEST": "tests/integration/test_x.py::test_y@local (call)", "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE, env=env)
     try:
-        assert started_by(str(proc.pid)) == "tests/integration/test_x.py::test_y"
+        assert started_by(execed(proc)) == "tests/integration/test_x.py::test_y"
     finally:
         proc.communicate(b"\n", timeout=30)
     bare = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
     try:
-        assert started_by(str(bare.pid)) is None
+        assert started_by(execed(bare)) is None
     finally:
         bare.communicate(b"\n", timeout=30)

@@ -104,7 +104,7 @@ def test_bench_matches_seed(plan):
     env = {"NODE0_IP": SITE["<NODE0_IP>"], "TOKENIZER_PATH": MODEL_PATH}
     positional, rendered = seed.flags(plan.bench_argv)
     seed_positional, expected = seed.flags(shlex.split(seed.expand(BENCH_CMD, env)))
-    own = f"./benchmark-results/{parse_config(site_data()).evidence_key()}"
+    own = f"./benchmark-results/{parse_config(site_data()).fingerprint()}"
     assert positional == seed_positional and rendered - expected == seed.flags(
         ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
          "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4)), "--result-dir", own]
