@@ -119,13 +119,13 @@ class LaunchMonitor:
                 timer.start()
             else:  # the line is a cause: named at once, where it is in the log
                 number = self.buffers[node].lines_seen
-                self.fail(Failure(node, rank, fatal_reason(event), event.line, time.time(), emitted, number,
+                self.fail(Failure(node, rank, event_reason(event), event.line, time.time(), emitted, number,
                                   pattern.failure_class, pattern.family))  # fmt: skip
 
     def _fail_at_consequence(self, node: str, rank: int, event: LogEvent, emitted: float | None) -> None:
         """A consequence's failure names the cause its burst of the log holds (tasks/watch/cause.py)."""
-        named = self._from_log(node, rank, fatal_reason(event), emitted)
-        self.fail(named or Failure(node, rank, fatal_reason(event), event.line, time.time(), emitted))
+        named = self._from_log(node, rank, event_reason(event), emitted)
+        self.fail(named or Failure(node, rank, event_reason(event), event.line, time.time(), emitted))
 
     def cause_in_logs(self, what: str) -> Failure | None:
         """The first node's (in the order followed) cause line, with `what` as the reason no family gives: for a
@@ -145,11 +145,7 @@ class LaunchMonitor:
             return None
         named, text = cause.pattern, cause.text()
         found = named.regex.search(strip_ansi(text)) if named is not None else None
-        reason = what
-        if named is not None and found is not None:
-            value = named.value(found)
-            reason = f"fatal log line {named.id} {value}" if value else f"fatal log line {named.id}"
-            reason += f" ({named.why})" if named.why else ""
+        reason = fatal_reason(named.id, named.value(found), named.why) if named and found else what
         return Failure(node, rank, reason, text, time.time(), emitted, first + cause.number - 1,
                        failure_class(cause), named.family if named is not None else None)  # fmt: skip
 
@@ -174,7 +170,11 @@ class LaunchMonitor:
                 buffer.close()
 
 
-def fatal_reason(event: LogEvent) -> str:
+def fatal_reason(ident: str, value: str | None, why: str | None) -> str:
     """'fatal log line cann_error_code EL0004 (why)': the pattern, its captured value and its why."""
-    cause = f"{event.id} {event.value}" if event.value else event.id
-    return f"fatal log line {cause} ({event.why})" if event.why else f"fatal log line {cause}"
+    cause = f"{ident} {value}" if value else ident
+    return f"fatal log line {cause} ({why})" if why else f"fatal log line {cause}"
+
+
+def event_reason(event: LogEvent) -> str:
+    return fatal_reason(event.id, event.value, event.why)
