@@ -22,32 +22,25 @@ from k3deploy.flows.campaign import Event, run_attempt, run_stage, start_record,
 from k3deploy.flows.cluster_lock import hold_cluster
 from k3deploy.flows.registry import BY_NAME, FINAL, STAGES, Stage, StageOptions
 from k3deploy.flows.run_abort import teardown_on_abort
+from k3deploy.records.bisect_plan import Run, plan
 from k3deploy.records.bisect_record import (
     BisectRecord,
     Experiment,
     ExperimentStage,
     bisect_markdown,
     bisects_of,
-    experiment_name,
+    conclusion_lines,
     read_bisect,
     write_bisect,
 )
-from k3deploy.records.bisect_search import (
-    Need,
-    Target,
-    compose,
-    experiment_config,
-    judge_experiment,
-    next_step,
-    reused_pass,
-    target_of,
-)
+from k3deploy.records.bisect_search import compose, experiment_config, judge_experiment, reused_pass, target_of
 from k3deploy.records.bisect_search import suspects as find_suspects
 from k3deploy.records.history import RegressionVerdict, comparable
 from k3deploy.records.record import RunRecord, build_record, read_record, scan_records
 from k3deploy.records.run_report import add_to_report, judged, regressed_keys
 
 DEFAULTS = StageOptions()
+BODY = [s.name for s in STAGES if s.name not in ("preflight", FINAL)]  # what an experiment can run
 
 
 @flow(name="bisect", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
@@ -74,8 +67,8 @@ def bisect(
     bisect_id = str(runtime.flow_run.id)
     record = _start(bisect_id, bad, good, max_experiments, resume)
     credentials = resolve_config(config) if config else None
-    names = [s.name for s in record.suspects]
     base = experiment_config(bad.config, credentials)
+    names = [s.name for s in record.suspects]
     logger.info("bisect of %s against %s: %d suspect(s) %s; judged on %s", bad.run_id, good.run_id, len(names),
                 names, record.target.describe())  # fmt: skip
     with hold_cluster(base.cluster, runtime.flow_run.id, runtime.flow_run.name):
@@ -85,26 +78,29 @@ def bisect(
         if not preflight.passed:
             write_bisect(record)
             raise ValidateFailed(f"bisect stopped at preflight: {preflight.reason or preflight.summary}")
-        step = next_step(names, record.done(), max_experiments, record.target)
-        while isinstance(step, Need):
+        step = plan(record)
+        while isinstance(step, Run):
             cfg = experiment_config(compose(bad.config, record.suspects, set(step.applied)), credentials)
-            experiment = run_experiment(cfg, step.applied, names, record.target, (good, bad), bisect_id)
+            experiment = run_experiment(cfg, step, (good, bad), bisect_id)
             record.experiments.append(experiment)
             record.cluster_hours += experiment.node_seconds / 3600
             record.saved_cluster_hours += experiment.saved_node_seconds / 3600
             write_bisect(record)
-            step = next_step(names, record.done(), max_experiments, record.target)
-        record.outcome, record.ended_at = step, now()
+            step = plan(record)
+        record.outcome, record.findings, record.fix, record.ended_at = step.outcome, step.findings, step.fix, now()
+        for line in conclusion_lines(record):
+            logger.info("%s", line)
         logger.info("bisect took %.0f s", (record.ended_at - started).total_seconds())
     record.cluster_hours = round(record.cluster_hours, 4)
     record.saved_cluster_hours = round(record.saved_cluster_hours, 4)
     path = write_bisect(record)
     markdown = bisect_markdown(record)
-    create_markdown_artifact(markdown, key="bisect", description=f"bisect of run {bad.run_id}: {step.verdict.value}")
+    outcome = step.outcome
+    create_markdown_artifact(markdown, key="bisect", description=f"bisect of run {bad.run_id}: {outcome.verdict.value}")
     report = add_to_report(bad.run_id, record)
-    logger.info("bisect record: %s; %s; %s", path, step.verdict.value, record.spend())
-    return {"bisect_id": bisect_id, "verdict": step.verdict.value, "culprits": step.culprits, "record": str(path),
-            "report": report}  # fmt: skip
+    logger.info("bisect record: %s; %s; %s", path, outcome.verdict.value, record.spend())
+    return {"bisect_id": bisect_id, "verdict": outcome.verdict.value, "culprits": outcome.culprits,
+            "fix_verified": bool(record.fix and record.fix.passed), "record": str(path), "report": report}  # fmt: skip
 
 
 def _last_pass(bad: RunRecord) -> RunRecord:
@@ -122,9 +118,10 @@ def _start(bisect_id: str, bad: RunRecord, good: RunRecord, budget: int, resume:
     def new() -> BisectRecord:
         suspects, fixed = find_suspects(good, bad)
         target = target_of(good, bad, regressed_keys(bad))
+        planned = [s.stage for s in bad.stages if s.stage in BODY]
         return BisectRecord(bisect_id=bisect_id, bisect_name=runtime.flow_run.name, bad_run=bad.run_id,
                             good_run=good.run_id, started_at=now(), max_experiments=budget, target=target,
-                            suspects=suspects, fixed=fixed)  # fmt: skip
+                            suspects=suspects, fixed=fixed, planned=planned)  # fmt: skip
 
     def earlier() -> BisectRecord:
         found = next((b for b in bisects_of(bad.run_id) if b.good_run == good.run_id), None)
@@ -142,20 +139,13 @@ def _start(bisect_id: str, bad: RunRecord, good: RunRecord, budget: int, resume:
     return start_record(own, new, earlier if resume else None, carry)
 
 
-def run_experiment(
-    cfg: DeploymentConfig,
-    applied: frozenset[str],
-    names: list[str],
-    target: Target,
-    ends: tuple[RunRecord, RunRecord],
-    bisect_id: str,
-) -> Experiment:
-    """One attempt of the campaign engine: the pipeline up to the judged stage (launch on; cached stages taken
-    from an end that passed them with these inputs), then teardown; judged against both ends."""
-    name = experiment_name(applied, names)
+def run_experiment(cfg: DeploymentConfig, step: Run, ends: tuple[RunRecord, RunRecord], bisect_id: str) -> Experiment:
+    """One attempt of the campaign engine: the pipeline up to the stage the step asks for (launch on; cached
+    stages taken from an end that passed them with these inputs), then teardown; judged against both ends."""
+    name, applied, target = step.name, step.applied, step.target
     tell(Event("experiment", name))
-    body = [s for s in STAGES if s.name not in ("preflight", FINAL)]
-    upto = body[: [s.name for s in body].index(target.stage) + 1]
+    body = [s for s in STAGES if s.name in BODY]
+    upto = body[: [s.name for s in body].index(step.through) + 1]
     options = DEFAULTS.model_dump()
 
     def from_an_end(stage: Stage) -> tuple[str, StageResult] | None:

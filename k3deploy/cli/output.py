@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from k3deploy.core.stage import StageResult, Verdict, failure_lines
-from k3deploy.records.bisect_record import BisectRecord, experiment_rows, verdict_line
+from k3deploy.records.bisect_record import BisectRecord, conclusion_lines, experiment_rows, verdict_line
 from k3deploy.records.history import Comparison
 from k3deploy.records.record import RunRecord
 from k3deploy.records.tune_record import TuneRecord
@@ -77,6 +77,8 @@ def print_bisect(console: Console, record: BisectRecord) -> None:
         table.add_row(*row.values())
     console.print(table)
     console.print(f"verdict: {verdict_line(record)}", markup=False, highlight=False)
+    for line in conclusion_lines(record):
+        console.print(line, markup=False, highlight=False)
     console.print(record.spend(), markup=False, highlight=False)
 
 

@@ -55,6 +55,38 @@ class Experiment(BaseModel):
     saved_node_seconds: float = Field(ge=0)
 
 
+class Finding(BaseModel):
+    """One search's conclusion: what it judged on, and what it named. A bisect has more than one when the run
+    with the first culprits reverted still fails, at another stage or the same: the next search takes that on."""
+
+    target: Target
+    outcome: Outcome
+
+    def describe(self) -> str:
+        named = ", ".join(self.outcome.culprits) or "(none)"
+        cls = f" ({self.outcome.failure_class.value})" if self.outcome.failure_class else ""
+        return f"{self.outcome.verdict.value}: {named}{cls} — {self.target.describe()}"
+
+
+class FixCheck(BaseModel):
+    """The bad end with the culprits put back to the good end's values, run through every stage the bad run
+    planned: does reverting them make the run pass?"""
+
+    reverted: list[str]
+    experiment: str | None = Field(description="The experiment that showed it (null: the budget ran out first).")
+    passed: bool | None = Field(description="Every planned stage passed (and the judged figure is back on the good "
+                                            "end's side); null: not run.")  # fmt: skip
+    evidence: str
+
+    def describe(self) -> str:
+        reverted = ", ".join(self.reverted)
+        if self.passed:
+            return f"reverting {reverted} makes the run pass: {self.evidence}"
+        if self.passed is None:
+            return f"reverting {reverted}: not verified, {self.evidence}"
+        return f"reverting {reverted} leaves the run failing: {self.evidence}"
+
+
 class BisectRecord(BaseModel):
     schema_version: Literal[1] = BISECT_SCHEMA_VERSION
     bisect_id: str
@@ -69,12 +101,16 @@ class BisectRecord(BaseModel):
     fixed: list[str] = Field(default_factory=list, description="Differences no experiment can vary (the nodes').")
     experiments: list[Experiment] = Field(default_factory=list)
     resumed_from: str | None = Field(default=None, description="The bisect whose experiments this one took over.")
+    planned: list[str] = Field(default_factory=list, description="The stages the bad run planned (preflight and "
+                                                                  "teardown aside): what the good end and a fix "
+                                                                  "check run through.")  # fmt: skip
     outcome: Outcome | None = Field(default=None, description="null while it runs, or when it stopped early.")
+    findings: list[Finding] = Field(default_factory=list, description="Each search's conclusion, in order: the "
+                                    "first on the bad run's target, then what failed once its culprits were "
+                                                              "reverted.")  # fmt: skip
+    fix: FixCheck | None = Field(default=None, description="The last check of the culprits: reverted, does it pass?")
     cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours the bisect held the cluster for.")
     saved_cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours reuse of passed stages saved.")
-
-    def done(self) -> dict[frozenset[str], bool | None]:
-        return {frozenset(e.applied): e.reproduces for e in self.experiments}
 
     def spend(self) -> str:
         return (f"cluster time: {self.cluster_hours:.4g} node-hours spent, {self.saved_cluster_hours:.4g} saved by "
@@ -145,8 +181,17 @@ def verdict_line(record: BisectRecord) -> str:
     return f"{outcome.verdict.value}{named}{cls} — {outcome.reason}"
 
 
+def conclusion_lines(record: BisectRecord) -> list[str]:
+    """Each search's finding (when there was more than one) and the fix check, one line each."""
+    several = len(record.findings) > 1
+    lines = [f"finding {i}: {f.describe()}" for i, f in enumerate(record.findings, 1)] if several else []
+    return lines + ([f"fix: {record.fix.describe()}"] if record.fix else [])
+
+
 def bisect_markdown(record: BisectRecord) -> str:
     lines = [f"# bisect of run {record.bad_run} (last pass {record.good_run})", "", f"**{verdict_line(record)}**"]
+    conclusions = conclusion_lines(record)
+    lines += [""] + [f"- {line}" for line in conclusions] if conclusions else []
     lines += ["", f"Judged on: {record.target.describe()}.", "", "## Suspects", ""]
     lines += [f"- {s.name} ({s.kind.value}): {s.describe()}" for s in record.suspects] or ["- (none)"]
     if record.fixed:
@@ -160,7 +205,8 @@ def bisect_html(record: BisectRecord) -> str:
     """The bisect's section of the bad run's HTML report (k3deploy/templates/bisect_section.html.j2)."""
     text = resources.files("k3deploy").joinpath("templates/bisect_section.html.j2").read_text()
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(text)
-    return template.render(record=record, verdict=verdict_line(record), rows=experiment_rows(record))
+    return template.render(record=record, verdict=verdict_line(record), conclusions=conclusion_lines(record),
+                           rows=experiment_rows(record))  # fmt: skip
 
 
 def json_schema() -> dict[str, Any]:

@@ -81,6 +81,7 @@ def test_of_two_image_tags_bisect_names_the_image_that_fails_smoke(prefect_serve
                                   "failure_class": bad_record["failure"]["failure_class"]}  # fmt: skip
     experiments = [(e["name"], e["reproduces"], e["failed_stage"]) for e in document["experiments"]]
     assert experiments == [("bad end", True, "smoke"), ("good end", False, None)]
+    assert result["fix_verified"] and document["fix"]["experiment"] == "good end"  # every stage the bad run planned
     good_id = str(good_state.state_details.flow_run_id)
     for e in document["experiments"]:  # models, comm and image reused; each end's image from its own run
         reused = {s["stage"]: s["reused_from"] for s in e["stages"] if s["reused_from"]}

@@ -1,17 +1,13 @@
 """`k3deploy bisect` on the local profile (real CPU vLLM), as a person runs it after a bad night: what only real
-relaunches show, each experiment's own measured figure (a harmful key among two, found across a budget stop
-and a resume). The search's other outcomes (not reproducible, a launch failure's culprit) run on the stand-in
-(test_bisect_standin.py).
+relaunches show. Two changes since the last pass, each breaking a stage in the engine's own way: the KV-cache
+space not a number (`VLLM_CPU_KVCACHE_SPACE: "0.001"`: vLLM refuses its config at start-up, launch fails) and
+the reasoning parser dropped (the server starts, smoke's reasoning check fails). One bisect, stopped by its
+budget and resumed, names both — each with its stage and class — and verifies the fix: the bad config with
+both reverted passes every planned stage. The search's other outcomes (a figure's culprit, not reproducible)
+run on the stand-in (test_bisect_standin.py) and in tests/unit/test_bisect*.py.
 
-The profile is narrowed to one node and DP rank, and one bench workload, so an experiment (launch, smoke,
-bench, teardown) takes about a minute here: what the test shows is the same on two ranks.
-
-The harmful key is `max_num_seqs: 1` under four concurrent requests of 64 tokens (eight in all): each request
-waits for up to three others to finish before its first token, so mean TTFT grows several times over (a queue,
-not a speed; 66 ms against 553 ms on the idle machine), and that is the figure the bisect judges by. The
-machine is shared with the other worker: load slows both ends alike and cannot make the queue vanish. (With
-16-token outputs at two clients the effect was a third of the noise on mean TPOT, and a loaded machine made
-the good end read like the bad one.)
+The profile is narrowed to one node and DP rank and a short bench, so an experiment that starts a server
+(launch, smoke, bench, teardown) takes well under a minute here; a start vLLM refuses, seconds.
 """
 
 from __future__ import annotations
@@ -34,14 +30,13 @@ PROFILE = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
 ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def profile(folder: Path, name: str, **serve: Any) -> Path:
+def profile(folder: Path, name: str, env: dict[str, str] | None = None, **serve: Any) -> Path:
     data = json.loads(json.dumps(PROFILE))
     data["cluster"]["nodes"] = data["cluster"]["nodes"][:1]
     data["serve"]["data_parallel_size"] = 1
-    data["serve"]["env"] |= ONE_PROCESS
-    data["serve"] |= {k: v for k, v in serve.items() if k != "readiness"}
-    data["serve"]["readiness"] |= serve.get("readiness", {})
-    data["bench"] |= {"prefix_hit": False, "random_output_len": 64, "num_prompts": 8, "max_concurrency": 4}
+    data["serve"]["env"] |= ONE_PROCESS | (env or {})
+    data["serve"] |= serve
+    data["bench"] |= {"prefix_hit": False, "num_prompts": 8, "max_concurrency": 4}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -59,38 +54,54 @@ def good(cli: K3deploy) -> str:
     return run_id
 
 
-def test_two_changed_keys_one_harmful_bisect_names_it_with_both_experiments_figures_reusing_what_passed(
+KV = "serve.env.VLLM_CPU_KVCACHE_SPACE"
+REASONING = "serve.reasoning_parser"
+
+
+def test_two_changes_breaking_launch_and_smoke_are_both_named_with_stage_and_class_and_the_fix_verified(
     cli: K3deploy, good: str
 ):
-    bad = cli.run(profile(cli.runs.parent, "two-keys", max_num_seqs=1, readiness={"poll_s": 1}), "--baseline-run", good)
-    assert cli.comparison(bad)["verdict"] == "REGRESSED"
+    bad = cli.run(profile(cli.runs.parent, "two-changes", env={"VLLM_CPU_KVCACHE_SPACE": "0.001"},
+                          reasoning_parser=None))  # fmt: skip
+    record = json.loads((cli.runs / bad / "record.json").read_text())
+    assert (record["verdict"], record["failed_stage"]) == ("fail", "launch")
     # stopped by its budget after both ends, then resumed: the ends are not run again
     out, first = cli.bisect(bad, "--max-experiments", "2")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert first["outcome"]["verdict"] == "undecided" and [e["name"] for e in first["experiments"]] == [
-        "bad end",
-        "good end",
-    ]
+    assert first["outcome"]["verdict"] == "undecided"
+    assert [e["name"] for e in first["experiments"]] == ["bad end", "good end"]
     out, document = cli.bisect(bad, "--resume")
     assert out.returncode == 0, out.stdout + out.stderr
     assert document["resumed_from"] == first["bisect_id"] and document["experiments"][:2] == first["experiments"]
     assert document["good_run"] == good and document["bad_run"] == bad
-    assert [s["name"] for s in document["suspects"]] == ["serve.max_num_seqs", "serve.readiness.poll_s"]
-    assert document["outcome"]["verdict"] == "culprit" and document["outcome"]["culprits"] == ["serve.max_num_seqs"]
-    assert "verdict: culprit: serve.max_num_seqs" in out.stdout
+    assert [s["name"] for s in document["suspects"]] == [KV, REASONING]
     experiments = {e["name"]: e for e in document["experiments"]}
-    assert list(experiments) == ["bad end", "good end", "+serve.max_num_seqs"]
-    assert [e["reproduces"] for e in experiments.values()] == [True, False, True]
-    target = document["target"]
-    for e in experiments.values():  # each judged on its own measured figure, shown against both ends
-        assert isinstance(e["value"], float) and f"good end {target['good']:.4g}" in e["evidence"]
-        assert f"bad end {target['bad']:.4g}" in e["evidence"]
-    assert len({e["value"] for e in experiments.values()}) == 3  # three measurements, none reused
-    mid = (target["good"] + target["bad"]) / 2
-    assert (experiments["+serve.max_num_seqs"]["value"] > mid) is (target["higher_is_better"] is False)
+    assert list(experiments) == ["bad end", "good end", f"+{KV}", f"bad end without {KV}"]
+    # each search's finding: its culprit, the stage it breaks, the class, from the engine's own words
+    launch, smoke = document["findings"]
+    assert (launch["outcome"]["culprits"], launch["target"]["stage"], launch["outcome"]["failure_class"]) == (
+        [KV], "launch", "configuration")  # fmt: skip
+    assert "invalid literal for int()" in experiments[f"+{KV}"]["failure"]["evidence"]
+    assert (smoke["outcome"]["culprits"], smoke["target"]["stage"]) == ([REASONING], "smoke")
+    assert smoke["outcome"]["failure_class"] == experiments[f"bad end without {KV}"]["failure"]["failure_class"]
+    assert "reasoning" in experiments[f"bad end without {KV}"]["failure"]["evidence"]
+    assert document["outcome"]["verdict"] == "culprit" and document["outcome"]["culprits"] == [KV, REASONING]
+    # the fix: both reverted is the good end, which ran every stage the bad run planned and passed
+    planned = [s["stage"] for s in record["stages"] if s["stage"] not in ("preflight", "teardown")]
+    assert document["planned"] == planned
+    shown = f"every planned stage ({', '.join(planned)}) passed in good end"
+    assert document["fix"] == {"reverted": [KV, REASONING], "experiment": "good end", "passed": True, "evidence": shown}
+    assert [s["stage"] for s in experiments["good end"]["stages"] if s["verdict"] != "skipped"] == [
+        *planned,
+        "teardown",
+    ]
+    assert f"finding 1: culprit: {KV} (configuration)" in out.stdout
+    assert f"fix: reverting {KV}, {REASONING} makes the run pass" in out.stdout
     # models, comm and image came from the two runs' passes: neither bisect ran any of them
-    assert stage_flow_runs(first["bisect_id"]) == ["preflight"] + ["launch", "smoke", "bench", "teardown"] * 2
-    assert stage_flow_runs(document["bisect_id"]) == ["preflight", "launch", "smoke", "bench", "teardown"]
+    after_launch = [s for s in planned if s not in ("models", "comm", "image")]
+    assert stage_flow_runs(first["bisect_id"]) == ["preflight", "launch", "teardown", *after_launch, "teardown"]
+    # +KV refused at launch; without KV, smoke fails and the stages after it are skipped
+    assert stage_flow_runs(document["bisect_id"]) == ["preflight", "launch", "teardown", "launch", "smoke", "teardown"]
     for e in experiments.values():
         reused = {s["stage"]: s["reused_from"] for s in e["stages"] if s["reused_from"]}
         assert set(reused) == {"models", "comm", "image"} and set(reused.values()) <= {good, bad}
@@ -98,4 +109,4 @@ def test_two_changed_keys_one_harmful_bisect_names_it_with_both_experiments_figu
     assert document["saved_cluster_hours"] > first["saved_cluster_hours"] > 0
     assert "node-hours spent" in out.stdout and "saved by reusing stages that passed" in out.stdout
     page = (cli.runs / bad / "report.html").read_text()
-    assert f"<section id='bisect-{document['bisect_id']}'>" in page and "culprit: serve.max_num_seqs" in page
+    assert f"<section id='bisect-{document['bisect_id']}'>" in page and f"reverting {KV}, {REASONING} makes" in page

@@ -85,5 +85,10 @@ def test_a_key_that_makes_launch_fail_is_named_with_the_failures_class(site: Sit
         ("good end", False, None),
     ]
     assert "verdict: culprit: serve.max_model_len (configuration)" in out.stdout
+    # the bad end judged at launch, no further; the good end through every stage the bad run planned: with the
+    # one suspect reverted it is the bad config fixed, and it passes
+    planned = [s["stage"] for s in record["stages"] if s["stage"] not in ("preflight", "teardown")]
+    assert document["planned"] == planned and planned[:3] == ["models", "comm", "image"]
     flows = stage_flow_runs(document["bisect_id"])
-    assert flows == ["preflight", "launch", "teardown", "launch", "teardown"], flows  # judged at launch: no further
+    assert flows == ["preflight", "launch", "teardown", *planned[3:], "teardown"], flows
+    assert document["fix"]["passed"] is True and "fix: reverting serve.max_model_len makes the run pass" in out.stdout
