@@ -81,5 +81,5 @@ def _verify_and_fetch(cfg: DeploymentConfig, run: StageRun, download: bool, full
     if cfg.cluster.model_root_shared:
         for c in wanted:
             outcomes[c.role].unseen = shared_storage_unseen(cfg, c, outcomes[c.role])
-    found = content_findings(outcomes, cfg.models.draft, quantized=cfg.serve.quantization is not None)
+    found = content_findings(outcomes, cfg.models.draft, cfg.serve)
     return ModelsOutcome(list(outcomes.values()), found)

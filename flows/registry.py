@@ -54,11 +54,14 @@ STAGES: tuple[Stage, ...] = (
     # Never cached: every run connects to every node and checks its host key first.
     Stage("preflight", "k3deploy.flows.preflight:preflight", "SSH with pinned host keys, node facts"),
     Stage("models", "k3deploy.flows.models:models", "checkpoints verified on every node",
-          cached=True, options=("download", "full_verify"), inputs=("cluster", "models")),
+          cached=True, options=("download", "full_verify"),
+          inputs=("cluster", "models", "serve.quantization", "serve.max_model_len",
+                  "serve.env.VLLM_ALLOW_LONG_MAX_MODEL_LEN")),
     Stage("comm", "k3deploy.flows.comm:comm", "NPU links and cross-node pings",
           cached=True, options=("fresh",), inputs=("cluster", "serve.service_port", "serve.rpc_port")),
-    Stage("image", "k3deploy.flows.image:image", "one image everywhere, Kimi-K3 support inside",
-          cached=True, inputs=("cluster", "image", "serve.runtime", "serve.container")),
+    Stage("image", "k3deploy.flows.image:image", "one image everywhere, the tokenizer mode and parsers inside",
+          cached=True, inputs=("cluster", "image", "serve.runtime", "serve.container", "serve.tokenizer_mode",
+                               "serve.tool_call_parser", "serve.reasoning_parser")),
     # Never cached: what it starts is torn down at the end of every run.
     Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", alone=("teardown_after",)),
     # Never cached: they ask the service that this run started (or one left up with --keep-serving).

@@ -7,8 +7,10 @@ way the stage ends with one ImageRecord whose findings say what is wrong and whe
 from __future__ import annotations
 
 from k3deploy.blocks.deployment import DeploymentConfig
+from k3deploy.core.stage import Finding
 from k3deploy.tasks.image.agreement import image_problems
 from k3deploy.tasks.image.engine import split_ref
+from k3deploy.tasks.image.probe import Choices, name_findings
 from k3deploy.tasks.image.steps import (
     ImageRecord,
     build_image,
@@ -35,7 +37,8 @@ def _image(cfg: DeploymentConfig) -> ImageRecord:
     record.findings = image_problems(held, cfg.image.digest if cfg.image.build is None else None)
     if not record.findings:
         record.image_id = next(iter(held.values())).id
-        record.versions, record.findings = probe_image(cfg.cluster, record.image_id, cfg.serve.container)
+        record.versions, choices, record.findings = probe_image(cfg.cluster, record.image_id, cfg.serve.container)
+        record.findings += _names(cfg, choices) if choices else []
     return record
 
 
@@ -43,6 +46,14 @@ def _environment(cfg: DeploymentConfig) -> ImageRecord:
     """The process runtime's environment: made or reused on every node, the same everywhere, then what is inside."""
     record = provision_environment(cfg.cluster, cfg.image)
     if all(f.ok for f in record.findings):
-        record.versions, found = probe_environment(cfg.cluster, cfg.image, record.image_id)
-        record.findings += found
+        record.versions, choices, found = probe_environment(cfg.cluster, cfg.image, record.image_id)
+        record.findings += found + (_names(cfg, choices) if choices else [])
     return record
+
+
+def _names(cfg: DeploymentConfig, choices: Choices) -> list[Finding]:
+    """This config's tokenizer mode and parsers against the names the image's vLLM knows."""
+    serve = cfg.serve
+    wanted = {"--tokenizer-mode": serve.tokenizer_mode, "--tool-call-parser": serve.tool_call_parser,
+              "--reasoning-parser": serve.reasoning_parser}  # fmt: skip
+    return name_findings(choices, wanted, [str(a) for a in serve.extra_args])

@@ -23,9 +23,10 @@ from k3deploy.tasks.image.engine import ImageError, NodeImage, inspect, pull, ru
 from k3deploy.tasks.image.probe import (
     PIP_SHOW,
     SERVE_HELP,
-    kimi_findings,
+    Choices,
     parse_pip_show,
-    registry_said,
+    registry_names,
+    serve_choices,
     version_findings,
 )
 from k3deploy.tasks.render import entry_argv
@@ -130,15 +131,16 @@ def _copy(source: docker.DockerClient, target: docker.DockerClient, node: str, t
 
 
 def _probe_key(context: Any, parameters: dict[str, Any]) -> str:
-    return f"probe-image-{parameters['image_id']}"  # what is inside an image id never changes
+    return f"probe-image-v2-{parameters['image_id']}"  # what is inside an image id never changes
 
 
 @task(name="probe image", cache_key_fn=_probe_key, persist_result=True)
 def probe_image(
     cluster: ClusterConfig, image_id: str, container: ContainerSettings
-) -> tuple[dict[str, str], list[Finding]]:
-    """pip show vllm vllm-ascend, and the Kimi-K3 flags of vllm serve, inside the image on node 0, started
-    as launch starts vllm serve: the image's environment scripts sourced first, its devices and mounts given."""
+) -> tuple[dict[str, str], Choices, list[Finding]]:
+    """pip show vllm vllm-ascend, and the names vllm serve knows for its tokenizer mode and parsers, inside the
+    image on node 0, started as launch starts vllm serve: the image's environment scripts sourced first, its
+    devices and mounts given. Facts of the image only (cached by its id); the config is judged against them."""
     node = cluster.nodes[0].name
     scripts, devices, mounts = container.setup_scripts, container.devices, container.mounts
     with docker_clients(cluster, only=[node]) as clients:
@@ -149,9 +151,7 @@ def probe_image(
     findings = version_findings(versions)
     if code != 0:
         findings.append(Finding("image", "vllm serve --help", False, f"exit {code}: {help_text.strip()[-200:]}"))
-    else:
-        findings += kimi_findings(help_text)
-    return versions, findings
+    return versions, serve_choices(help_text) if code == 0 else {}, findings
 
 
 @task(name="provision environment", cache_policy=NO_CACHE)
@@ -184,14 +184,15 @@ def provision_environment(cluster: ClusterConfig, image: ImageConfig) -> ImageRe
 
 
 def _environment_key(context: Any, parameters: dict[str, Any]) -> str:
-    return f"probe-environment-{parameters['environment_id']}"  # what an environment id holds never changes
+    return f"probe-environment-v2-{parameters['environment_id']}"  # what an environment id holds never changes
 
 
 @task(name="probe environment", cache_key_fn=_environment_key, persist_result=True)
 def probe_environment(
     cluster: ClusterConfig, image: ImageConfig, environment_id: str
-) -> tuple[dict[str, str], list[Finding]]:
-    """pip show, and the Kimi-K3 flags and reasoning parser of vllm serve, in node 0's environment."""
+) -> tuple[dict[str, str], Choices, list[Finding]]:
+    """pip show, and the names vllm serve knows for its tokenizer mode and parsers (its reasoning-parser registry
+    where the help lists none), in node 0's environment: facts of the environment, cached by its id."""
     env = image.environment
     with open_transports(cluster) as transports:
         node0 = next(iter(transports.values()))
@@ -202,6 +203,5 @@ def probe_environment(
     findings = version_findings(versions, environment.requirement_names(env))
     if helped.exit_code != 0:
         findings.append(Finding("image", "vllm serve --help", False, helped.stderr.strip()[-200:]))
-    else:
-        findings += kimi_findings(helped.stdout, registry_said(registry.stdout))
-    return versions, findings
+        return versions, {}, findings
+    return versions, serve_choices(helped.stdout, registry_names(registry.stdout)), findings

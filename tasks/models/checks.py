@@ -14,7 +14,7 @@ from typing import Any
 
 from k3deploy.blocks.models import SPECULATIVE_TOKENS, DraftSpec
 from k3deploy.core.agreement import majority, split
-from k3deploy.core.stage import Finding
+from k3deploy.core.stage import FailureClass, Finding
 from k3deploy.tasks.models.listing import Listing
 from k3deploy.tasks.node.node_agent import Manifest
 
@@ -89,6 +89,75 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """Multimodal configs keep the language model's sizes under text_config."""
     inner = config.get("text_config")
     return inner if isinstance(inner, Mapping) else config
+
+
+# The keys vLLM 0.32 takes a checkpoint's longest context from (vllm/transformers_utils/
+# model_arch_config_convertor.py, derive_max_model_len_and_key: the smallest of those present, but
+# model_max_length when set), and the RoPE kinds whose factor it does not apply again (vllm/config/model.py,
+# _get_and_verify_max_len: YaRN's max_position_embeddings is already scaled).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")  # fmt: skip
+ROPE_NOT_SCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def derived_max_len(config: Mapping[str, Any]) -> tuple[float, str] | None:
+    """The longest context a checkpoint's config.json allows, as vLLM derives it; None when it names none.
+    (vLLM also caps it by tokenizer_config.json's model_max_length: not read here, so a limit it adds is left
+    to the engine.)"""
+    text = _text_config(config)
+
+    def number(key: str) -> float | None:
+        value = text.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    found = sorted((v, k) for k in MAX_LEN_KEYS if (v := number(k)) is not None)
+    if not found:
+        return None
+    limit, key = (number("model_max_length"), "model_max_length") if number("model_max_length") else found[0]
+    assert limit is not None
+    factor = 1.0
+    if "gemma3" not in str(config.get("model_type", "")):  # its max already scaled
+        for rope in _rope_parameters(text):
+            kind, value = rope.get("rope_type", rope.get("type")), rope.get("factor")
+            if kind not in ROPE_NOT_SCALED and isinstance(value, int | float) and not isinstance(value, bool):
+                factor = float(value)
+    return limit * factor, key + (f" × RoPE factor {factor:g}" if factor != 1.0 else "")
+
+
+def _rope_parameters(text: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """rope_scaling (transformers ≤ 4) or rope_parameters (one, or one per layer kind)."""
+    found = []
+    for name in ("rope_scaling", "rope_parameters"):
+        value = text.get(name)
+        if isinstance(value, Mapping):
+            inner = [v for v in value.values() if isinstance(v, Mapping)]
+            found += inner if inner and not ("rope_type" in value or "type" in value) else [value]
+    return found
+
+
+def max_len_findings(config: Mapping[str, Any], max_model_len: int | None, allow_long: bool) -> list[Finding]:
+    """serve.max_model_len against the target's config.json, as vLLM checks it at start-up: refused here, before
+    a two-hour load on every node, with the field and the checkpoint's own limit named."""
+    if max_model_len is None:
+        return []
+    derived = derived_max_len(config)
+    if derived is None:
+        keys = ", ".join(MAX_LEN_KEYS[:3])
+        return [
+            Finding("target", "serve.max_model_len", True, f"{max_model_len}: not checked, config.json has no {keys} …")
+        ]
+    limit, key = derived
+    if max_model_len <= limit:
+        return [Finding("target", "serve.max_model_len", True, f"{max_model_len} ≤ {limit:g} (config.json {key})")]
+    if allow_long:
+        detail = (f"{max_model_len} > {limit:g} (config.json {key}), allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN: "
+                  "positions past it give NaN with RoPE")  # fmt: skip
+        return [Finding("target", "serve.max_model_len", True, detail)]
+    detail = (f"{max_model_len} is above the checkpoint's {limit:g} (config.json {key}): vLLM refuses to start "
+              "(\"User-specified max_model_len … is greater than the derived max_model_len\"); lower "
+              "serve.max_model_len, or set serve.env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model is known to "
+              "hold it")  # fmt: skip
+    return [Finding("target", "serve.max_model_len", False, detail, cause=FailureClass.CONFIGURATION)]
 
 
 def tokenizer_findings(role: str, listing: Listing, vision: bool = True) -> list[Finding]:

@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.blocks.models import DraftSpec
+from k3deploy.blocks.serve import ServeConfig
 from k3deploy.core.stage import Finding
 from k3deploy.tasks.models.checks import (
     QUANT_DESCRIPTION,
     SpaceNeed,
     differing_nodes,
     draft_findings,
+    max_len_findings,
     quantization_findings,
     tokenizer_findings,
 )
@@ -222,11 +224,14 @@ class ModelsOutcome:
 
 
 def content_findings(
-    outcomes: Mapping[str, CheckpointOutcome], draft: DraftSpec | None, quantized: bool
+    outcomes: Mapping[str, CheckpointOutcome], draft: DraftSpec | None, serve: ServeConfig
 ) -> list[Finding]:
-    """The seed FAQ's checks on what the verified checkpoints contain."""
+    """The seed FAQ's checks on what the verified checkpoints contain, and what the server will be asked of them."""
     target = outcomes["target"]
+    quantized = serve.quantization is not None
     found = tokenizer_findings("target", target.listing, vision="vision_config" in target.config())
+    allow_long = serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
+    found += max_len_findings(target.config(), serve.max_model_len, allow_long)
     if quantized:
         found += quantization_findings("target", target.listing, target.quant_description())
     if draft is not None and "draft" in outcomes:

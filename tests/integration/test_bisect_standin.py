@@ -1,8 +1,8 @@
 """`k3deploy bisect`'s other outcomes, on the stand-in profile (every stage real but the server, which starts in a
-second and is told to be slow or refuses a start with vLLM's own error): a regression the bad end does not
-reproduce, and a key that makes launch fail, named with its failure's class.
+second and is told to be slow): a regression the bad end does not reproduce, and a key the models stage refuses
+(a max_model_len above the checkpoint's), named with its stage and class, and its fix verified.
 
-The real relaunches between experiments, each measured on its own, are test_bisect_local.py's.
+A start the real engine refuses, and a second culprit found once the first is reverted, are test_bisect_local.py's.
 """
 
 from __future__ import annotations
@@ -71,24 +71,26 @@ def test_a_regression_made_by_load_beside_the_run_is_not_reproducible(site: Site
     assert "verdict: not reproducible" in out.stdout
 
 
-def test_a_key_that_makes_launch_fail_is_named_with_the_failures_class(site: Site, good: str):
+def test_a_key_refused_before_launch_is_named_with_its_stage_and_class_and_its_fix_verified(site: Site, good: str):
     bad = site.cli.run(site.config("too-long", max_model_len=10**6))
     record = json.loads((site.cli.runs / bad / "record.json").read_text())
-    assert (record["verdict"], record["failed_stage"]) == ("fail", "launch")
+    assert (record["verdict"], record["failed_stage"]) == ("fail", "models")  # above the checkpoint's 4096
+    assert "serve.max_model_len" in record["failure"]["evidence"]
     out, document = site.cli.bisect(bad, "--good", good)  # whatever other runs passed since (a slowed one, say)
     assert out.returncode == 0, out.stdout + out.stderr
     outcome = document["outcome"]
     assert (outcome["verdict"], outcome["culprits"]) == ("culprit", ["serve.max_model_len"])
-    assert outcome["failure_class"] == record["failure"]["failure_class"] == "configuration"  # refused max_model_len
+    assert outcome["failure_class"] == record["failure"]["failure_class"] == "configuration"
     assert [(e["name"], e["reproduces"], e["failed_stage"]) for e in document["experiments"]] == [
-        ("bad end", True, "launch"),
+        ("bad end", True, "models"),
         ("good end", False, None),
     ]
     assert "verdict: culprit: serve.max_model_len (configuration)" in out.stdout
-    # the bad end judged at launch, no further; the good end through every stage the bad run planned: with the
-    # one suspect reverted it is the bad config fixed, and it passes
+    # the bad end judged at models, no further (the good end's models pass does not hold for its max_model_len);
+    # the good end through every stage the bad run planned: with the one suspect reverted it is the bad config
+    # fixed, and it passes
     planned = [s["stage"] for s in record["stages"] if s["stage"] not in ("preflight", "teardown")]
     assert document["planned"] == planned and planned[:3] == ["models", "comm", "image"]
     flows = stage_flow_runs(document["bisect_id"])
-    assert flows == ["preflight", "launch", "teardown", *planned[3:], "teardown"], flows
+    assert flows == ["preflight", "models", *planned[3:], "teardown"], flows
     assert document["fix"]["passed"] is True and "fix: reverting serve.max_model_len makes the run pass" in out.stdout

@@ -86,3 +86,26 @@ def test_a_start_up_failure_is_named_by_the_engines_own_line(prefect_server, tmp
     assert f"{whose}: local0 (DP rank 0), log line {failure['log_line']}: " in under_table
     cfg = load_config(config)
     assert not any(Path(cfg.serve.process.state_dir).glob("*/pid")) and port_free(cfg.serve.service_port)
+
+
+# Mistakes the pipeline sees before any server starts: the stage that can see it fails naming the field (the
+# engine's own line for the same mistake is the case above, provoked with `--only launch`, past that stage).
+EARLY = [
+    ("max-model-len", "models", {"serve": {"max_model_len": 65536}}, "serve.max_model_len",
+     "65536 is above the checkpoint's 4096 (config.json max_position_embeddings)"),
+    ("tool-call-parser", "image", {"serve": {"tool_call_parser": "no_such_parser"}}, "serve.tool_call_parser",
+     "no_such_parser is not one of the 54 names the image's vLLM knows for --tool-call-parser"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "stage", "change", "field", "words"), EARLY, ids=[e[0] for e in EARLY])
+def test_a_mistake_seen_before_launch_fails_that_stage_naming_the_field(prefect_server, tmp_path, name, stage,
+                                                                        change, field, words):  # fmt: skip
+    out = k3deploy_run(site(tmp_path, change), tmp_path, "--only", stage)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = {row[0]: row for row in table_rows(out.stdout)}
+    assert rows[stage][1] == "fail", rows[stage]
+    record = json.loads((log_file(out.stdout).parent / "record.json").read_text())
+    assert record["failed_stage"] == stage and record["failure"]["failure_class"] == "configuration"
+    assert field in record["failure"]["evidence"] and words in record["failure"]["evidence"], record["failure"]
+    assert field in " ".join(out.stdout.split())

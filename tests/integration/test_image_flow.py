@@ -60,9 +60,9 @@ def test_pinned_image_is_pulled_everywhere_and_probed(prefect_server, testbed, e
     assert checks == {
         "vllm installed": True,
         "vllm-ascend installed": True,
-        "--tokenizer-mode kimi_k3": True,
-        "--reasoning-parser kimi_k3": True,
-        "--tool-call-parser kimi_k3": True,
+        "serve.tokenizer_mode": True,
+        "serve.tool_call_parser": True,
+        "serve.reasoning_parser": True,
     }
     left = engines["clients"]["node0"].containers.list(all=True, filters={"label": "k3deploy.probe"})
     assert left == []  # the probe containers are gone

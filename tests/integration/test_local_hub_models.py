@@ -130,7 +130,7 @@ def test_models_stage_publishes_serves_downloads_and_stops_its_own_hub(
     assert (target["repo"], target["commit"], target["files"]) == (REPO, commit.sha, 5)
     assert {r["node"]: r["downloaded files"] for r in target["nodes"]} == {"local0": 5}  # shared root: once
     checks = {c["check"]: c["ok"] for c in result.data["checks"]}
-    assert checks == {"tokenizer files": True, "processor files": True}
+    assert checks == {"tokenizer files": True, "processor files": True, "serve.max_model_len": True}
 
     [server] = servers
     seen = hf_requests(server)

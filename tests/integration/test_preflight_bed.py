@@ -181,3 +181,31 @@ def test_host_keys_of_reachable_unreachable_and_local_nodes(testbed):
     assert (got["node0"].host_key_type, got["node0"].ssh_error) == ("ssh-ed25519", None)
     assert got["ghost"].host_key is None and got["ghost"].ssh_error.startswith("cannot reach 10.213.0.250:22 within 2s")
     assert (got["local"].host_key, got["local"].ssh_error) == ("local (no SSH)", None)
+
+
+def test_two_nodes_that_are_one_machine_fail_preflight_each_naming_the_other(prefect_server, testbed, tmp_path):
+    """node1's address an alias of node0's (a second address on node0's interface, its host key pinned under that
+    address, as a site's known_hosts would hold it): two ranks would share one machine's NPUs. Both fail preflight,
+    each naming the other and the key."""
+    host, alias = testbed.hosts[0], "10.213.0.200"  # outside the bed's hosts (.10 up)
+    line = next(x for x in testbed.known_hosts.read_text().splitlines() if x.startswith(f"{host.ip} "))
+    known = tmp_path / "known_hosts"
+    known.write_text(testbed.known_hosts.read_text() + line.replace(host.ip, alias, 1) + "\n")
+    subprocess.run(["ip", "-n", host.netns, "addr", "add", f"{alias}/24", "dev", "eth0"], check=True)
+    try:
+        nodes = [
+            {"name": "node0", "address": host.ip, "nic": "eth0"},
+            {"name": "node1", "address": alias, "nic": "eth0"},
+        ]
+        data = bed_config(testbed, hosts=2, cluster__nodes=nodes, cluster__ssh__known_hosts=str(known))
+        err = failed(write_config(tmp_path / "one-machine.yaml", data))
+    finally:
+        subprocess.run(["ip", "-n", host.netns, "addr", "del", f"{alias}/24", "dev", "eth0"], check=True)
+    by_node = {f.subject: f.detail for f in err.result.failures}
+    key = keygen_fingerprints(known)[host.ip]  # as OpenSSH prints it
+    assert set(by_node) == {"node0", "node1"}, by_node
+    assert (
+        f"the same host key as node1 ({key})" in by_node["node0"]
+        and "one machine listed as 2 nodes" in by_node["node0"]
+    )
+    assert f"the same host key as node0 ({key})" in by_node["node1"]

@@ -43,7 +43,7 @@ from k3deploy.tasks.comm import npu_checks as nc
 from k3deploy.tasks.comm.checks import PARSERS
 from k3deploy.tasks.comm.runner import NodeFacts, cross_node, interpret_phase1, phase1_sections
 from k3deploy.tasks.image.build import UnreadableCheckout, parse_checkout
-from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
+from k3deploy.tasks.image.probe import name_findings, parse_pip_show, registry_names, serve_choices, version_findings
 from k3deploy.tasks.launch import readiness
 from k3deploy.tasks.models import remote
 from k3deploy.tasks.models.checks import draft_findings, quantization_findings
@@ -505,13 +505,16 @@ def test_readiness_probe_on_any_answer(models: Any, chat: Any) -> None:
 
 
 @SETTINGS
-@given(texts([PIP_SHOW, SERVE_HELP, CHECKOUT]), st.none() | st.booleans())
-def test_image_probe_parsers(text: str, registered: bool | None) -> None:
+@given(texts([PIP_SHOW, SERVE_HELP, CHECKOUT]), st.none() | st.lists(st.text(max_size=8), max_size=4))
+def test_image_probe_parsers(text: str, registered: list[str] | None) -> None:
     versions = project_errors_only(lambda: parse_pip_show(text))
     assert versions is not None
     assert_str_map(versions)
     assert all(isinstance(f, StageFinding) for f in version_findings(versions))
-    found = project_errors_only(lambda: kimi_findings(text, registered))
+    choices = project_errors_only(lambda: serve_choices(text, registered))
+    assert (choices is not None and registry_names(text) is None) or isinstance(registry_names(text), list)
+    wanted = {"--tokenizer-mode": "kimi_k3", "--tool-call-parser": "kimi_k3", "--reasoning-parser": "kimi_k3"}
+    found = project_errors_only(lambda: name_findings(choices or {}, wanted, []))
     assert found is not None and all(isinstance(f, StageFinding) and isinstance(f.ok, bool) for f in found)
     checkout = project_errors_only(lambda: parse_checkout(text))
     assert checkout is None or (isinstance(checkout, tuple) and all(isinstance(v, str) for v in checkout))

