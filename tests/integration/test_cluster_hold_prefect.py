@@ -29,7 +29,8 @@ from k3deploy.flows.cluster_hold import STALE_BEATS, same_hold, takeover_bound_s
 from k3deploy.flows.cluster_lock import cluster_hold, hold_cluster, lock_name, read_hold
 from tests.prefect_runs import flow_run, logged, wait_for
 
-pytestmark = [pytest.mark.prefect, pytest.mark.faults]
+# anywhere: a cluster name of each test's own, no port, no vLLM (the local profile only names its nodes)
+pytestmark = [pytest.mark.prefect, pytest.mark.faults, pytest.mark.anywhere]
 ROOT = Path(__file__).parents[2]
 BEAT_S = 2.0  # cluster.hold_beat_s here: a dead holder is found in 4 beats (8 s), not the default's 60 s
 

@@ -184,14 +184,29 @@ def test_host_keys_of_reachable_unreachable_and_local_nodes(testbed):
 
 
 def test_two_nodes_that_are_one_machine_fail_preflight_each_naming_the_other(prefect_server, testbed, tmp_path):
-    """node1's address an alias of node0's (a second address on node0's interface, its host key pinned under that
-    address, as a site's known_hosts would hold it): two ranks would share one machine's NPUs. Both fail preflight,
-    each naming the other and the key."""
+    """node1's address an alias of node0's (a second address on node0's interface, forwarded to its sshd, its host
+    key pinned under that address as a site's known_hosts would hold it): two ranks would share one machine's NPUs.
+    Both fail preflight, each naming the other and the key."""
     host, alias = testbed.hosts[0], "10.213.0.200"  # outside the bed's hosts (.10 up)
     line = next(x for x in testbed.known_hosts.read_text().splitlines() if x.startswith(f"{host.ip} "))
     known = tmp_path / "known_hosts"
     known.write_text(testbed.known_hosts.read_text() + line.replace(host.ip, alias, 1) + "\n")
+    forward = [
+        "PREROUTING",
+        "-d",
+        alias,
+        "-p",
+        "tcp",
+        "--dport",
+        "22",
+        "-j",
+        "DNAT",
+        "--to-destination",
+        f"{host.ip}:22",
+    ]
+    nat = ["ip", "netns", "exec", host.netns, "iptables", "-t", "nat"]
     subprocess.run(["ip", "-n", host.netns, "addr", "add", f"{alias}/24", "dev", "eth0"], check=True)
+    subprocess.run([*nat, "-A", *forward], check=True)  # the bed's sshd listens on the host's own address only
     try:
         nodes = [
             {"name": "node0", "address": host.ip, "nic": "eth0"},
@@ -200,6 +215,7 @@ def test_two_nodes_that_are_one_machine_fail_preflight_each_naming_the_other(pre
         data = bed_config(testbed, hosts=2, cluster__nodes=nodes, cluster__ssh__known_hosts=str(known))
         err = failed(write_config(tmp_path / "one-machine.yaml", data))
     finally:
+        subprocess.run([*nat, "-D", *forward], check=True)
         subprocess.run(["ip", "-n", host.netns, "addr", "del", f"{alias}/24", "dev", "eth0"], check=True)
     by_node = {f.subject: f.detail for f in err.result.failures}
     key = keygen_fingerprints(known)[host.ip]  # as OpenSSH prints it
