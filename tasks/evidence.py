@@ -17,10 +17,21 @@ def _reject_constant(name: str) -> float:
     raise UnreadableEvidence(f"holds {name}, which is not a number JSON allows")
 
 
+def _one_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once: json keeps the last of a key given twice, silently."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise UnreadableEvidence(f"gives {key!r} twice, which a tool never writes: which one is meant is unknown")
+        seen[key] = value
+    return seen
+
+
 def load_json_object(text: str, what: str) -> dict[str, Any]:
-    """A JSON object, strictly: NaN and ±Infinity (which Python's json accepts) are refused, naming `what`."""
+    """A JSON object, strictly: NaN and ±Infinity (which Python's json accepts) are refused, and a key given
+    twice in an object, naming `what`."""
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_one_each)
     except UnreadableEvidence as err:
         raise UnreadableEvidence(f"{what} {err}") from None
     except (ValueError, RecursionError) as err:

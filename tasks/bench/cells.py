@@ -9,6 +9,7 @@ invalid when a baseline judges it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +20,15 @@ from k3deploy.tasks.bench.results import BenchRun, Comparison, applies
 
 @dataclass(frozen=True)
 class Serving:
-    """What the measured server was started with, as far as judging a cell needs it."""
+    """What the measured server was started with, and what the bench plan asked of it, as far as judging a
+    cell needs them."""
 
     prefix_caching: bool
     drafting: bool  # served with a speculative draft: each run must show how much of it was accepted
+    num_prompts: int | None = None  # the plan's --num-prompts (None: not judged)
+    model: str | None = None  # the served model name the plan's --model names
+    output_len: int | None = None  # with --ignore-eos: the tokens each request must return (None: not judged)
+    range_ratio: float = 0.0  # --random-range-ratio: the random workload's lengths vary by this much
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ def run_reasons(run: BenchRun, validity: Validity, serving: Serving) -> list[str
     """What keeps one run from counting: failed requests, the wrong cache state, concurrency not reached,
     a draft whose acceptance is unknown."""
     out, tag = [], f"run {run.repeat}"
+    out += [f"{tag}: {said}" for said in not_as_planned(run, serving)]
     prefix_caching = serving.prefix_caching
     if not run.ok:
         counted = "" if run.failed_reported else " (num_prompts − completed: this vLLM reports no failed)"
@@ -81,6 +88,30 @@ def run_reasons(run: BenchRun, validity: Validity, serving: Serving) -> list[str
         out.append(f"{tag}: achieved concurrency {got:.2f} of {wanted} requested, below "
                    f"bench.validity.min_concurrency_ratio {validity.min_concurrency_ratio:g}: the client or the "
                    "server saturated")  # fmt: skip
+    return out
+
+
+def not_as_planned(run: BenchRun, serving: Serving) -> list[str]:
+    """Where the result says it ran other than planned: fewer or more prompts, another concurrency, another
+    model. Counts that agree with each other are no proof the run was the one asked for."""
+    out = []
+    if serving.num_prompts is not None and run.num_prompts != serving.num_prompts:
+        out.append(f"the result ran {run.num_prompts} prompts where the plan asked {serving.num_prompts} "
+                   "(bench.num_prompts): not the run planned")  # fmt: skip
+    if run.max_concurrency is not None and run.max_concurrency != run.concurrency:
+        out.append(f"the result ran at max_concurrency {run.max_concurrency}, the cell's is {run.concurrency}")
+    if serving.model is not None and run.model_id is not None and run.model_id != serving.model:
+        out.append(f"the result asked model {run.model_id!r}, the service is {serving.model!r}")
+    if serving.output_len is not None and run.output_tokens is not None and run.completed:
+        ratio = serving.range_ratio if run.workload != "prefix_repetition" else 0.0
+        low = run.completed * math.floor(serving.output_len * (1 - ratio))
+        high = run.completed * math.ceil(serving.output_len * (1 + ratio))
+        if not low <= run.output_tokens <= high:
+            asked = f"{low}" if low == high else f"{low}–{high}"
+            out.append(f"{run.output_tokens} output tokens from {run.completed} completed requests where --ignore-eos "
+                       f"asked {asked} (bench.random_output_len {serving.output_len}): "
+                       f"{'short by ' + str(low - run.output_tokens) if run.output_tokens < low else 'more than asked'}"
+                       "; a server that cuts answers short is not faster")  # fmt: skip
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from k3deploy.blocks.bench import Baseline
 from k3deploy.core.errors import UnreadableEvidence
 from k3deploy.tasks import metrics
+from k3deploy.tasks.bench import consistency
 from k3deploy.tasks.evidence import count, figure, finite, load_json_object
 
 # The figures kept in the run record (others stay in the raw JSON beside it).
@@ -44,6 +45,9 @@ class BenchRun:
     tool_seconds: float | None = None  # wall time of `vllm bench serve` itself, start-up included
     repeat: int = 1
     achieved_concurrency: float | None = None  # sum of request latencies / duration (Little's law)
+    max_concurrency: int | None = None  # as the result says it was run (the plan's is the cell's concurrency)
+    model_id: str | None = None  # the model the tool asked for
+    output_tokens: int | None = None  # total_output_tokens: what the completed requests returned
     prefix_cache: dict[str, float] | None = None  # queries and hits (tokens) over the run, from /metrics
 
     @property
@@ -67,9 +71,10 @@ def required_figures(
 
 
 def parse_result(text: str, workload: str, concurrency: int, required: Iterable[str] = HEADLINE) -> BenchRun:
-    """The saved JSON of one run, strictly: a figure or count that is missing, not a number, NaN or ±infinite
-    is an UnreadableResult (a ValueError) naming the key. Figures not required may be absent (vLLM leaves
-    out percentiles not asked for), never malformed."""
+    """The saved JSON of one run, strictly: a figure or count that is missing, not a number, NaN or ±infinite,
+    a key given twice, or figures that cannot be together (tasks/bench/consistency.py) is an UnreadableResult
+    (a ValueError) naming the key and the rule. Figures not required may be absent (vLLM leaves out
+    percentiles not asked for), never malformed."""
     what = "the saved result"
     data = load_json_object(text, what)
     num_prompts, completed = count(data, "num_prompts", what), count(data, "completed", what)
@@ -83,8 +88,13 @@ def parse_result(text: str, workload: str, concurrency: int, required: Iterable[
         raise UnreadableEvidence(f"{what} lacks {', '.join(absent)}")
     keys = dict.fromkeys([*FIGURES, "request_goodput", *wanted])  # request_goodput is null without --goodput
     figures = {k: figure(data, k, what) for k in keys if data.get(k) is not None}
+    consistency.check(data, completed, what)
+    limit, model, tokens = data.get("max_concurrency"), data.get("model_id"), data.get("total_output_tokens")
     return BenchRun(workload, concurrency, num_prompts, completed, failed, reported, figures,
-                    achieved_concurrency=_achieved_concurrency(data, what))  # fmt: skip
+                    achieved_concurrency=_achieved_concurrency(data, what),
+                    max_concurrency=count(data, "max_concurrency", what) if limit is not None else None,
+                    model_id=model if isinstance(model, str) else None,
+                    output_tokens=count(data, "total_output_tokens", what) if tokens is not None else None)  # fmt: skip
 
 
 def _achieved_concurrency(data: dict[str, Any], what: str) -> float | None:

@@ -29,7 +29,10 @@ class Sweep:
     findings: list[Finding] = field(default_factory=list)
 
     def measure(self, cfg: DeploymentConfig, plan: Plan, folder: Path, stop: threading.Event) -> None:
-        serving = Serving(cfg.serve.enable_prefix_caching, drafting=speculative_config(cfg) is not None)
+        serving = Serving(cfg.serve.enable_prefix_caching, drafting=speculative_config(cfg) is not None,
+                          num_prompts=cfg.bench.num_prompts, model=cfg.serve.served_model_name,
+                          output_len=cfg.bench.random_output_len if cfg.bench.ignore_eos else None,
+                          range_ratio=cfg.bench.random_range_ratio)  # fmt: skip
         for workload, concurrency in planned_runs(cfg):
             done: list[BenchRun] = []
             resumed = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,7 +185,10 @@ def provision_environment(cluster: ClusterConfig, image: ImageConfig) -> ImageRe
 
 
 def _environment_key(context: Any, parameters: dict[str, Any]) -> str:
-    return f"probe-environment-v2-{parameters['environment_id']}"  # what an environment id holds never changes
+    """What an environment id holds never changes; the id is its packages, so its path is in the key too (two
+    folders of the same packages may serve differently: the tests' stand-in wraps the real environment's)."""
+    path = str(parameters["image"].environment.path)
+    return f"probe-environment-v2-{parameters['environment_id']}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
 
 
 @task(name="probe environment", cache_key_fn=_environment_key, persist_result=True)

@@ -14,6 +14,7 @@ from k3deploy.blocks.bench import Baseline, Slo, Validity
 from k3deploy.tasks.bench.cells import Serving, cell, summary
 from k3deploy.tasks.bench.results import BenchRun, parse_result, prefix_cache
 from k3deploy.tasks.render import bench_argv, bench_file, bench_seed
+from tests.bench_results import recounted
 
 pytestmark = pytest.mark.bench
 DATA = Path(__file__).parents[1] / "data"
@@ -91,7 +92,7 @@ def test_failed_requests_and_concurrency_not_reached_are_reasons():
     data = json.loads(RANDOM)
     data["completed"], data["failed"] = 18, 2
     data["duration"] = sum(data["latencies"]) / 0.5  # 0.5 requests in flight of 2 asked for
-    judged = cell([run(json.dumps(data), "random", hits=0)], V, CACHING, [])
+    judged = cell([run(json.dumps(recounted(data)), "random", hits=0)], V, CACHING, [])
     assert (
         judged.reasons
         == [
