@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from k3deploy.blocks._types import Arg, StrictBlock, Text
 
@@ -58,10 +58,31 @@ class Validity(BaseModel):
         description="Achieved concurrency (sum of request latencies / duration) below this × the requested one "
         "(capped at num_prompts) is client or server saturation: invalid.",
     )  # fmt: skip
-    tail_min_requests: int = Field(
-        default=100, ge=1,
-        description="A p99 from fewer completed requests is the maximum, not a tail: flagged; judged by a baseline, "
-        "the cell is invalid.",
+    acceptance_tolerance: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="With bench.speculative_reference: a mean acceptance length below the reference by more than "
+        "this fraction makes the speculative cell invalid.",
+    )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_tail_key(cls, data: object) -> object:
+        """Records and configs from before tail_confidence gave `tail_min_requests` n (a p99 from fewer was
+        flagged): the same rule for p99 is confidence 1 − 0.99^n, so a bisect against an older run reads it."""
+        if isinstance(data, dict) and "tail_min_requests" in data:
+            data = dict(data)
+            n = data.pop("tail_min_requests")
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+                data.setdefault("tail_confidence", 1 - 0.99**n)
+            else:
+                raise ValueError(f"tail_min_requests is {n!r}, not a count of requests ≥ 1")
+        return data
+
+    tail_confidence: float = Field(
+        default=0.95, gt=0, lt=1,
+        description="A percentile p is a figure only from n ≥ ln(1 − this) / ln(p) completed requests (p99: 299, "
+        "p90: 29 at 0.95): from fewer, n draws all fall below the true p-th percentile with more than 1 − this "
+        "chance, and the figure is their maximum. Flagged; judged by a baseline, the cell is invalid.",
     )  # fmt: skip
 
 
@@ -105,8 +126,24 @@ class BenchConfig(StrictBlock):
         description="POST /reset_prefix_cache before each cell, so none is served from an earlier cell's cache "
         "(vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in serve.env).",
     )
+    speculative_reference: dict[int, float] = Field(
+        default_factory=dict,
+        description="The mean acceptance length expected of the draft per num_speculative_tokens (e.g. the draft's "
+        "published curve); a cell measured below it (bench.validity.acceptance_tolerance) is invalid. None for the "
+        "served count: acceptance is recorded, not judged.",
+    )
     baselines: list[Baseline] = Field(default_factory=list, description="Figures each run is compared with.")
     extra_args: list[Arg] = Field(default_factory=list, description="Further flags, appended as given.")
+
+    @field_validator("speculative_reference")
+    @classmethod
+    def _possible_lengths(cls, value: dict[int, float]) -> dict[int, float]:
+        # k draft tokens accept 0..k of them, plus the target's own token: a mean length from 1 to k + 1
+        for k, length in value.items():
+            if k < 1 or not 1 <= length <= k + 1:
+                raise ValueError(f"{k}: {length}: a mean acceptance length for {k} speculative token(s) is from 1 "
+                                 f"to {k + 1}")  # fmt: skip
+        return value
 
     @field_serializer("request_rate")
     def _rate_as_json(self, value: float) -> float | str:

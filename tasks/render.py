@@ -346,7 +346,8 @@ def bench_argv(
     argv += ["--percentile-metrics", bench.percentile_metrics, "--metric-percentiles", bench.metric_percentiles]
     argv += ["--seed", str(bench_seed(workload, concurrency, repeat)), *bench.slo.goodput_args()]
     name = bench_file(workload, concurrency, repeat)
-    argv += ["--save-result", "--result-dir", bench_result_dir(cfg), "--result-filename", name]
+    # --save-detailed: each request's output length and error, so a short answer or a failure is seen per request
+    argv += ["--save-result", "--save-detailed", "--result-dir", bench_result_dir(cfg), "--result-filename", name]
     return argv + list(bench.extra_args)
 
 

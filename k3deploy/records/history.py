@@ -273,6 +273,15 @@ def not_about_performance(record: RunRecord) -> bool:
     )
 
 
+def not_measured(record: RunRecord) -> str | None:
+    """Why a run has no figures at all when it failed before bench ran (None: it measured, or could have): its
+    figures were never measured, which is not the same as figures that vanished from a run that measured."""
+    if record.failed_stage is None or record.failed_stage == "bench" or bench_cells(record):
+        return None
+    cause = f" ({record.failure.failure_class.value})" if record.failure is not None else ""
+    return f"failed at {record.failed_stage}{cause} before bench: its figures were not measured"
+
+
 def compare(
     record: RunRecord,
     candidates: Iterable[RunRecord],
@@ -283,6 +292,11 @@ def compare(
     """The run's figures against the config's baselines, an optional baseline run and its history; a figure
     those have and the run lacks is MISSING."""
     history = comparable(record, candidates, last)
+    if (unmeasured := not_measured(record)) is not None:  # said once, not as every figure MISSING
+        return Comparison(run_id=record.run_id, family=family(record), verdict=RegressionVerdict.INCONCLUSIVE,
+                          metrics=[], history_runs=[r.run_id for r in history], changes=[],
+                          last_pass=history[-1].run_id if history else None, unreadable=list(unreadable),
+                          why=unmeasured)  # fmt: skip
     series = [figures(r) for r in history]
     base_figures = figures(baseline) if baseline is not None else {}
     have = figures(record)

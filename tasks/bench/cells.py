@@ -2,9 +2,9 @@
 
 A cell is valid when it measured what it claims to: every request served; the prefix cache as the
 workload means it (cold: served from no warm cache; prefix hits: hits); the concurrency asked for
-reached. Its figures are the medians of its runs, with their spread (min, max). A p99 over fewer
-requests than `bench.validity.tail_min_requests` is their maximum, not a tail: flagged, and
-invalid when a baseline judges it.
+reached. Its figures are the medians of its runs, with their spread (min, max). A percentile over fewer
+requests than `tail_requests` asks at `bench.validity.tail_confidence` is not known: flagged, and invalid
+when a baseline judges it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Serving:
     model: str | None = None  # the served model name the plan's --model names
     output_len: int | None = None  # with --ignore-eos: the tokens each request must return (None: not judged)
     range_ratio: float = 0.0  # --random-range-ratio: the random workload's lengths vary by this much
+    acceptance_reference: float | None = None  # the draft's expected mean acceptance length (None: not judged)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,10 @@ def run_reasons(run: BenchRun, validity: Validity, serving: Serving) -> list[str
     prefix_caching = serving.prefix_caching
     if not run.ok:
         counted = "" if run.failed_reported else " (num_prompts − completed: this vLLM reports no failed)"
-        out.append(f"{tag}: {run.completed} of {run.num_prompts} requests completed, {run.failed} failed{counted}")
+        errors = sorted(run.error_counts.items(), key=lambda item: -item[1])
+        said = "".join(f"; {n} × {' '.join(error.split())[:200]!r}" for error, n in errors[:3])  # the tool's words
+        done = f"{run.completed} of {run.num_prompts} requests completed, {run.failed} failed"
+        out.append(f"{tag}: {done}{counted}{said}")
     rate = run.hit_rate
     if run.workload == "prefix_repetition":
         if not prefix_caching:
@@ -80,6 +84,7 @@ def run_reasons(run: BenchRun, validity: Validity, serving: Serving) -> list[str
                        "(bench.reset_prefix_cache resets it before each run)")  # fmt: skip
     if serving.drafting:
         out.extend(f"{tag}: {reason}" for reason in _acceptance_reasons(run.speculative))
+        out.extend(f"{tag}: {reason}" for reason in _below_reference(run.speculative, serving, validity))
     wanted = min(run.concurrency, run.num_prompts)
     got = run.achieved_concurrency
     if got is None:
@@ -102,17 +107,41 @@ def not_as_planned(run: BenchRun, serving: Serving) -> list[str]:
         out.append(f"the result ran at max_concurrency {run.max_concurrency}, the cell's is {run.concurrency}")
     if serving.model is not None and run.model_id is not None and run.model_id != serving.model:
         out.append(f"the result asked model {run.model_id!r}, the service is {serving.model!r}")
-    if serving.output_len is not None and run.output_tokens is not None and run.completed:
-        ratio = serving.range_ratio if run.workload != "prefix_repetition" else 0.0
-        low = run.completed * math.floor(serving.output_len * (1 - ratio))
-        high = run.completed * math.ceil(serving.output_len * (1 + ratio))
-        if not low <= run.output_tokens <= high:
-            asked = f"{low}" if low == high else f"{low}–{high}"
-            out.append(f"{run.output_tokens} output tokens from {run.completed} completed requests where --ignore-eos "
-                       f"asked {asked} (bench.random_output_len {serving.output_len}): "
-                       f"{'short by ' + str(low - run.output_tokens) if run.output_tokens < low else 'more than asked'}"
-                       "; a server that cuts answers short is not faster")  # fmt: skip
+    if serving.output_len is not None and run.completed:
+        ratio = serving.range_ratio if run.workload != "prefix_repetition" else 0
+        out += _short_outputs(run, serving.output_len, ratio)
     return out
+
+
+def _short_outputs(run: BenchRun, asked: int, ratio: float) -> list[str]:
+    """With --ignore-eos every served request returns the tokens asked (a range with --random-range-ratio):
+    per request where the result keeps each one's length (--save-detailed), else by the total."""
+    low, high = math.floor(asked * (1 - ratio)), math.ceil(asked * (1 + ratio))
+    asked_words = f"{low}" if low == high else f"{low}–{high}"
+    served = None
+    if run.output_lens is not None and len(run.errors) == len(run.output_lens):
+        served = [n for n, error in zip(run.output_lens, run.errors, strict=True) if not error]
+    if served is not None:
+        short, long = [n for n in served if n < low], [n for n in served if n > high]
+        if not short and not long:
+            return []
+        said = [f"{len(short)} of {len(served)} served requests returned fewer tokens than the {asked_words} "
+                f"--ignore-eos asked (bench.random_output_len {asked}; shortest {min(short)}, short by "
+                f"{sum(low - n for n in short)} tokens in all)"] if short else []  # fmt: skip
+        if long:
+            said.append(f"{len(long)} of {len(served)} served requests returned more than the {asked_words} asked "
+                        f"(longest {max(long)})")  # fmt: skip
+        return [f"{'; '.join(said)}: a server that cuts answers short is not faster"]
+    if run.output_tokens is None:
+        return []
+    low_total, high_total = run.completed * low, run.completed * high
+    if low_total <= run.output_tokens <= high_total:
+        return []
+    range_words = f"{low_total}" if low_total == high_total else f"{low_total}–{high_total}"
+    how = f"short by {low_total - run.output_tokens}" if run.output_tokens < low_total else "more than asked"
+    return [f"{run.output_tokens} output tokens from {run.completed} completed requests where --ignore-eos asked "
+            f"{range_words} (bench.random_output_len {asked}): {how}; a server that cuts answers short is not "
+            "faster"]  # fmt: skip
 
 
 def _acceptance_reasons(speculative: dict[str, Any] | None) -> list[str]:
@@ -125,17 +154,50 @@ def _acceptance_reasons(speculative: dict[str, Any] | None) -> list[str]:
     return []
 
 
+def _below_reference(speculative: dict[str, Any] | None, serving: Serving, validity: Validity) -> list[str]:
+    """A draft accepting less than its reference curve says for this many speculative tokens: the cell measured
+    a server that does not speculate as deployed (a wrong draft, a broken proposer), not the DSpark deployment."""
+    reference = serving.acceptance_reference
+    measured = (speculative or {}).get("mean_acceptance_length")
+    if reference is None or measured is None:
+        return []
+    floor = reference * (1 - validity.acceptance_tolerance)
+    if measured >= floor:
+        return []
+    return [f"mean acceptance length {measured:g}, below the reference {reference:g} by more than "
+            f"bench.validity.acceptance_tolerance {validity.acceptance_tolerance:.0%} (at least {floor:.4g}; "
+            "bench.speculative_reference)"]  # fmt: skip
+
+
+def tail_requests(percentile: float, confidence: float) -> int:
+    """The fewest requests from which the `percentile`-th percentile is known at `confidence`: n draws all fall
+    below the true percentile with chance (p/100)^n, so n ≥ ln(1 − confidence) / ln(p/100) leaves at least one
+    request above it with that confidence (the zero-failure case of MLPerf's early-stopping bound)."""
+    return math.ceil(math.log(1 - confidence) / math.log(percentile / 100) - 1e-9)
+
+
+def unknown_tails(figures: dict[str, float], requests: int, confidence: float) -> list[tuple[str, int]]:
+    """Each percentile the figures report (p50, p90, p99, …) that too few requests stand behind, with how many
+    it needs."""
+    out = []
+    for name in sorted({k.split("_", 1)[0][1:] for k in figures if k.startswith("p") and "_" in k}, key=float):
+        need = tail_requests(float(name), confidence)
+        if requests < need:
+            out.append((name, need))
+    return out
+
+
 def cell(runs: list[BenchRun], validity: Validity, serving: Serving, baselines: list[Baseline]) -> Cell:
     """The runs of one workload and concurrency (repeat order) judged as one cell."""
     first = runs[0]
     reasons = [reason for run in runs for reason in run_reasons(run, validity, serving)]
     flags: list[str] = []
     fewest = min(run.completed for run in runs)
-    if fewest < validity.tail_min_requests:
+    for percentile, need in unknown_tails(first.figures, fewest, validity.tail_confidence):
         judged = sorted({b.metric for b in baselines if applies(b, first.workload, first.concurrency)
-                         and b.metric.startswith("p99")})  # fmt: skip
-        said = (f"p99 figures from {fewest} requests are their maximum, not a tail "
-                f"(bench.validity.tail_min_requests {validity.tail_min_requests})")  # fmt: skip
+                         and b.metric.startswith(f"p{percentile}_")})  # fmt: skip
+        said = (f"p{percentile} figures from {fewest} requests are not known: {need} are needed at "
+                f"bench.validity.tail_confidence {validity.tail_confidence:.0%}")  # fmt: skip
         (reasons if judged else flags).append(said + (f", and a baseline judges {', '.join(judged)}" if judged else ""))
     keys = [k for k in first.figures if all(k in run.figures for run in runs)]
     figures = {k: round(statistics.median(run.figures[k] for run in runs), 6) for k in keys}

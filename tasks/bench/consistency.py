@@ -77,12 +77,40 @@ def violations(data: dict[str, Any], completed: int) -> list[str]:
         elif abs(value - expected) > RATE_TOLERANCE * expected + 1e-9:
             out.append(f"{key} {value:g} is not {counted:g} / duration {duration:g} s = {expected:g} "
                        f"(within {RATE_TOLERANCE:.0%})")  # fmt: skip
+    out += _per_request(data, completed)
     latencies = data.get("latencies")
     if isinstance(latencies, list):
         for i, seconds in enumerate(latencies):
             if isinstance(seconds, int | float) and not 0 <= seconds <= duration * (1 + ROUNDING) + 1e-6:
                 out.append(f"latencies[{i}] is {seconds:g} s in a run of {duration:g} s")
                 break
+    return out
+
+
+def _per_request(data: dict[str, Any], completed: int) -> list[str]:
+    """With --save-detailed, the per-request lists must be the run's: one entry per prompt, the errors those of
+    the failed requests, the output lengths adding up to total_output_tokens (vLLM sums exactly these)."""
+    lens, errors = data.get("output_lens"), data.get("errors")
+    if lens is None and errors is None:
+        return []
+    if not isinstance(lens, list) or not isinstance(errors, list):
+        return ["output_lens and errors come together with --save-detailed: one of them is missing or not a list"]
+    out = []
+    prompts = data.get("num_prompts")
+    if len(lens) != prompts or len(errors) != prompts:
+        out.append(f"{len(lens)} output_lens and {len(errors)} errors for {prompts} prompts: one each")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lens):
+        return [*out, "output_lens holds something that is not a count"]
+    if not all(isinstance(e, str) for e in errors):
+        return [*out, "errors holds something that is not text"]
+    served = sum(not e for e in errors)
+    if served != completed:
+        out.append(f"{served} requests without an error in errors, {completed} completed: they are the same requests")
+    total = data.get("total_output_tokens")
+    if isinstance(total, int) and sum(lens) != total:
+        out.append(f"output_lens add up to {sum(lens)}, total_output_tokens is {total}: vLLM sums exactly these")
+    if any(n for n, e in zip(lens, errors, strict=False) if e):
+        out.append("a failed request has output tokens in output_lens: vLLM counts a failed request's as 0")
     return out
 
 

@@ -49,6 +49,18 @@ class BenchRun:
     model_id: str | None = None  # the model the tool asked for
     output_tokens: int | None = None  # total_output_tokens: what the completed requests returned
     prefix_cache: dict[str, float] | None = None  # queries and hits (tokens) over the run, from /metrics
+    # --save-detailed: each request's output tokens (0 for a failed one) and error ('' for a served one)
+    output_lens: tuple[int, ...] | None = None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def error_counts(self) -> dict[str, int]:
+        """The failed requests' errors, each distinct one with how many requests it ended."""
+        counted: dict[str, int] = {}
+        for error in self.errors:
+            if error:
+                counted[error] = counted.get(error, 0) + 1
+        return counted
 
     @property
     def hit_rate(self) -> float | None:
@@ -94,7 +106,9 @@ def parse_result(text: str, workload: str, concurrency: int, required: Iterable[
                     achieved_concurrency=_achieved_concurrency(data, what),
                     max_concurrency=count(data, "max_concurrency", what) if limit is not None else None,
                     model_id=model if isinstance(model, str) else None,
-                    output_tokens=count(data, "total_output_tokens", what) if tokens is not None else None)  # fmt: skip
+                    output_tokens=count(data, "total_output_tokens", what) if tokens is not None else None,
+                    output_lens=tuple(data["output_lens"]) if "output_lens" in data else None,
+                    errors=tuple(data.get("errors") or ()))  # fmt: skip
 
 
 def _achieved_concurrency(data: dict[str, Any], what: str) -> float | None:

@@ -29,10 +29,14 @@ class Sweep:
     findings: list[Finding] = field(default_factory=list)
 
     def measure(self, cfg: DeploymentConfig, plan: Plan, folder: Path, stop: threading.Event) -> None:
-        serving = Serving(cfg.serve.enable_prefix_caching, drafting=speculative_config(cfg) is not None,
+        draft = speculative_config(cfg)
+        tokens = (draft or {}).get("num_speculative_tokens")
+        reference = cfg.bench.speculative_reference.get(tokens) if tokens else None
+        serving = Serving(cfg.serve.enable_prefix_caching, drafting=draft is not None,
                           num_prompts=cfg.bench.num_prompts, model=cfg.serve.served_model_name,
                           output_len=cfg.bench.random_output_len if cfg.bench.ignore_eos else None,
-                          range_ratio=cfg.bench.random_range_ratio)  # fmt: skip
+                          range_ratio=cfg.bench.random_range_ratio,
+                          acceptance_reference=reference)  # fmt: skip
         for workload, concurrency in planned_runs(cfg):
             done: list[BenchRun] = []
             resumed = 0

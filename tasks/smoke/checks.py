@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import jsonschema
 
+from k3deploy.core.stage import FailureClass
 from k3deploy.tasks import metrics
 from k3deploy.tasks.tool_call import QUESTION, TOOL_RESULT, TOOLS
 
@@ -73,6 +74,7 @@ class Outcome:
     request: str = ""
     response: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    cause: FailureClass | None = None  # whose fault a failure is when the check knows (else the driver decides)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Context:
     burst: int = 8
     max_tokens: int = 32
     reasoning_max_tokens: int = 512
+    nonce: str = ""  # leads the prefix-cache prompt, so its first send is one no cache can hold
 
 
 CheckRun = Generator[Call | Burst, Any, Outcome]
@@ -300,26 +303,41 @@ def check_reasoning(ctx: Context) -> CheckRun:
 
 
 def check_prefix_cache(ctx: Context) -> CheckRun:
+    """A prompt of a little more than one cache block, new to the service (the context's nonce leads it), sent
+    once cold and then as a cache hit on every engine: the hit must show in vllm:prefix_cache_hits_total, and the
+    greedy answers must be the same tokens (vLLM-Ascend checks its prefix cache the same way: cached output equal
+    to uncached). A different answer is the engine's fault, with both answers in the evidence."""
     if not ctx.prefix_caching:
         return Outcome(None, "prefix caching is off (serve.enable_prefix_caching false)")
     before = yield Call("GET", METRICS)
     if before.status != 200:
         return Outcome(False, f"/metrics: {before.why()}")
-    prompt = " ".join(f"Section {i}: the quick brown fox jumps over the lazy dog." for i in range(12))
-    call = Call("POST", CHAT, chat_body(ctx, prompt, thinking=False, max_tokens=1))
+    sections = " ".join(f"Section {i}: the quick brown fox jumps over the lazy dog." for i in range(12))
+    prompt = f"Run {ctx.nonce}. {sections}" if ctx.nonce else sections
+    call = Call("POST", CHAT, chat_body(ctx, prompt, thinking=False))
     sends = len(ctx.engines) + 1  # each engine caches its own: one of them surely sees the prompt twice
+    answers: list[str] = []
     for _ in range(sends):
         reply = yield call
-        if reply.status != 200:
-            return Outcome(False, f"the long prompt: {reply.why()}", call.excerpt())
+        choice, problem = first_choice(reply)
+        if choice is None:
+            return Outcome(False, f"the long prompt: {problem}", call.excerpt())
+        answers.append(_text(choice["message"].get("content")))
     after = yield Call("GET", METRICS)
     name = "vllm:prefix_cache_hits_total"
     hits = [metrics.total(metrics.parse(r.text), name) for r in (before, after)]
     if hits[1] is None:
         return Outcome(False, f"/metrics has no {name}", call.excerpt())
     rise = hits[1] - (hits[0] or 0.0)
-    detail = f"{name} rose by {rise:g} tokens over {sends} sends of one {len(prompt)}-character prompt"
-    return Outcome(rise > 0, detail if rise > 0 else f"{name} did not rise over {sends} sends", call.excerpt())
+    if rise <= 0:
+        return Outcome(False, f"{name} did not rise over {sends} sends", call.excerpt())
+    if (differs := next((a for a in answers[1:] if a != answers[0]), None)) is not None:
+        return Outcome(False, f"the answer served from the prefix cache differs from the cold one: cold "
+                       f"{_cut(answers[0], 120)!r}, cached {_cut(differs, 120)!r}", call.excerpt(),
+                       _cut(differs), cause=FailureClass.ENGINE)  # fmt: skip
+    detail = (f"{name} rose by {rise:g} tokens over {sends} sends of one {len(prompt)}-character prompt; "
+              f"the cached answers equal the cold one ({len(answers[0])} characters)")  # fmt: skip
+    return Outcome(True, detail, call.excerpt(), _cut(answers[0]))
 
 
 def check_dp_ranks(ctx: Context) -> CheckRun:
@@ -357,6 +375,10 @@ CHECKS: tuple[Check, ...] = (
         check_tool_call,
     ),
     Check("reasoning", "the reasoning parser keeps reasoning apart from the content", check_reasoning),
-    Check("prefix cache", "a long prompt sent again raises vllm:prefix_cache_hits_total", check_prefix_cache),
+    Check(
+        "prefix cache",
+        "a new long prompt sent again raises vllm:prefix_cache_hits_total; cached answer = cold",
+        check_prefix_cache,
+    ),
     Check("every DP rank", "a burst of requests: each engine in /metrics finishes some", check_dp_ranks),
 )

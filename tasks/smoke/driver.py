@@ -41,7 +41,9 @@ class Row:
     def finding(self, subject: str) -> Finding:
         """A failed check whose requests were answered is the model's; one left unanswered, the engine's."""
         failed = self.outcome.ok is False
-        cause = (FailureClass.ENGINE if self.unserved else FailureClass.MODEL) if failed else None
+        cause = None
+        if failed:
+            cause = self.outcome.cause or (FailureClass.ENGINE if self.unserved else FailureClass.MODEL)
         return Finding(subject, self.check, not failed, self.outcome.detail, cause)
 
 

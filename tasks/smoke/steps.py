@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+import uuid
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -51,6 +52,7 @@ def context(cfg: DeploymentConfig, vision: bool) -> Context:
         burst=cfg.smoke.burst_requests or 4 * len(ranks),
         max_tokens=cfg.smoke.max_tokens,
         reasoning_max_tokens=cfg.smoke.reasoning_max_tokens,
+        nonce=uuid.uuid4().hex[:12],
     )
 
 

@@ -879,7 +879,8 @@ class Stats:
         self.drafts, self.draft_tokens, self.accepted = dict(zero), dict(zero), dict(zero)
         self.seen: set[str] = set()
 
-    def start(self, engine: int, answer: Answer) -> None:
+    def start(self, engine: int, answer: Answer) -> int:
+        """Count the request in; the prompt tokens it found in the prefix cache."""
         with self.lock:
             self.running[engine] += 1
             hit = 0
@@ -890,6 +891,7 @@ class Stats:
             self.seen.update(answer.blocks)
             self.queries[engine] += answer.prompt_tokens
             self.hits[engine] += min(hit, answer.prompt_tokens)
+            return min(hit, answer.prompt_tokens)
 
     def reset_prefix_cache(self) -> bool:
         """vLLM refuses (success false) while running requests hold blocks."""
@@ -1094,7 +1096,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         stats = self.server.stats
         engine = self.server.coordinator.route()
-        stats.start(engine, answer)
+        if stats.start(engine, answer) and self.server.controls.flag("K3SIM_CACHE_HIT_DIFFERS"):
+            answer.script = [(channel, word[::-1]) for channel, word in answer.script]  # a cache that corrupts
         try:
             if answer.stream:
                 self._stream(answer, engine)

@@ -175,6 +175,12 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     runs = data["bench"]["runs"]
     assert [(r["workload"], r["concurrency"]) for r in runs] == [("random", 2), ("prefix_repetition", 2)]
     assert all(r["completed"] == r["num_prompts"] == 20 and r["failed"] == 0 for r in runs)
+    for name in ("random-c2.json", "prefix_repetition-c2.json"):  # --save-detailed: each request read back
+        saved = json.loads((Path(data["bench"]["folder"]) / name).read_text())
+        asked = load_config(config).bench.random_output_len
+        assert saved["output_lens"] == [asked] * 20 and saved["errors"] == [""] * 20, (name, saved["output_lens"])
+    cached = next(c for c in data["smoke"]["checks"] if c["check"] == "prefix cache")
+    assert "the cached answers equal the cold one" in cached["detail"], cached  # greedy, cold then a cache hit
     cells = {c["workload"]: c for c in data["bench"]["cells"]}  # each judged from the real prefix-cache counters
     assert all(c["valid"] and c["hit_rate"] is not None for c in cells.values()), cells
     assert cells["random"]["hit_rate"] < cells["prefix_repetition"]["hit_rate"]

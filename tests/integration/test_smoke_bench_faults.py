@@ -26,6 +26,7 @@ import yaml
 from k3deploy.blocks.loader import load_config
 from k3deploy.core.errors import BenchStageFailed, SmokeStageFailed, ValidateFailed
 from k3deploy.core.paths import runs_dir
+from k3deploy.core.stage import FailureClass
 from k3deploy.flows.bench import bench
 from k3deploy.flows.launch import launch
 from k3deploy.flows.smoke import smoke
@@ -111,7 +112,9 @@ def test_bench_fails_with_the_failed_count_when_the_server_fails_a_share_of_requ
     found = findings(failed)
     assert list(found) == ["random c2 valid cell"]  # the cell is invalid, and it says why
     assert found["random c2 valid cell"].startswith("INVALID: 16/20 requests over 1 run(s)")
-    assert found["random c2 valid cell"].endswith("; run 1: 16 of 20 requests completed, 4 failed")
+    # the failed requests in the tool's own words (--save-detailed's errors): the server's 500
+    assert found["random c2 valid cell"].endswith("; run 1: 16 of 20 requests completed, 4 failed; "
+                                                  "4 × 'Internal Server Error'")  # fmt: skip
     run = failed.value.result.data["runs"][0]
     assert (run["completed"], run["failed"], run["failed_reported"]) == (16, 4, True)  # vLLM 0.32 reports it
     assert Path(failed.value.result.data["folder"], "random-c2.json").exists()  # the tool's own JSON, kept
@@ -134,6 +137,25 @@ def test_a_rank_that_died_after_launch_fails_smoke_at_once_naming_it(prefect_ser
         "local1: DP rank 1: the process is gone without an exit status (killed) during smoke"
     )
     assert list(findings(failed)) == ["local1 (DP rank 1) serving"]  # no check ran against a broken service
+
+
+@pytest.mark.smoke
+def test_a_prefix_cache_that_changes_the_answer_fails_smoke_as_the_engines_with_both_answers(
+    prefect_server, deployment
+):
+    config, control = deployment
+    launch(config=config)
+    control.write_text(json.dumps({"K3SIM_CACHE_HIT_DIFFERS": "1"}))  # a hit is answered with its words reversed
+    with pytest.raises(SmokeStageFailed) as failed:
+        smoke(config=config)
+    ((key, detail),) = findings(failed).items()  # the rest passed: only a cache hit is answered wrong
+    assert key.endswith(" prefix cache"), key
+    cold, cached = re.fullmatch(r"the answer served from the prefix cache differs from the cold one: "
+                                r"cold '(.+)', cached '(.+)'", detail).groups()  # fmt: skip
+    # both answers, as the server gave them (each cut to its first 120 characters: the last word may be cut)
+    assert cached.split()[:-1] == [word[::-1] for word in cold.split()[:-1]] and len(cold.split()) > 5
+    finding = next(f for f in failed.value.result.findings if f.check == "prefix cache")
+    assert finding.cause is FailureClass.ENGINE
 
 
 @pytest.mark.smoke

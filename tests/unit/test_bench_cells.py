@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from k3deploy.blocks.bench import Baseline, Slo, Validity
-from k3deploy.tasks.bench.cells import Serving, cell, summary
-from k3deploy.tasks.bench.results import BenchRun, parse_result, prefix_cache
+from k3deploy.core.errors import UnreadableEvidence
+from k3deploy.tasks.bench.cells import Cell, Serving, cell, summary, tail_requests, unknown_tails
+from k3deploy.tasks.bench.results import BenchRun, acceptance, parse_result, prefix_cache
 from k3deploy.tasks.render import bench_argv, bench_file, bench_seed
 from tests.bench_results import recounted
 
@@ -59,8 +61,8 @@ def test_a_cold_cell_from_a_cold_cache_and_a_prefix_cell_with_hits_are_valid():
     hot = cell([run(PREFIX, "prefix_repetition", hits=320)], V, CACHING, [])
     assert cold.valid and hot.valid and cold.reasons == hot.reasons == []
     assert hot.hit_rate == 0.32 and cold.hit_rate == 0.0
-    assert cold.flags == ["p99 figures from 20 requests are their maximum, not a tail "
-                          "(bench.validity.tail_min_requests 100)"]  # fmt: skip
+    assert cold.flags == ["p99 figures from 20 requests are not known: 299 are needed at "
+                          "bench.validity.tail_confidence 95%"]  # fmt: skip
     assert summary(cold).startswith("VALID: 20/20 requests over 1 run(s), prefix-cache hit rate 0.0%")
 
 
@@ -109,8 +111,8 @@ def test_a_p99_judged_by_a_baseline_from_too_few_requests_is_invalid():
     baseline = Baseline(metric="p99_ttft_ms", value=1000, threshold=1.2)
     judged = cell([run(RANDOM, "random", hits=0)], V, CACHING, [baseline])
     assert not judged.valid and judged.flags == []
-    assert judged.reasons == ["p99 figures from 20 requests are their maximum, not a tail "
-                              "(bench.validity.tail_min_requests 100), and a baseline judges p99_ttft_ms"]  # fmt: skip
+    assert judged.reasons == ["p99 figures from 20 requests are not known: 299 are needed at "
+                              "bench.validity.tail_confidence 95%, and a baseline judges p99_ttft_ms"]  # fmt: skip
 
 
 def test_repeats_give_medians_with_their_spread():
@@ -142,3 +144,120 @@ def test_goodput_in_a_result_is_a_figure():
     data = json.loads(RANDOM)
     data["request_goodput"] = 7.5  # as vLLM writes it with --goodput
     assert parse_result(json.dumps(data), "random", 2, ["request_goodput"]).figures["request_goodput"] == 7.5
+
+
+NGRAM_BEFORE = (DATA / "bench" / "vllm-0.32.0-ngram-metrics-before.txt").read_text()
+NGRAM_AFTER = (DATA / "bench" / "vllm-0.32.0-ngram-metrics-after.txt").read_text()
+
+
+def test_a_draft_cell_is_judged_against_its_reference_curve():
+    """The real ngram run's acceptance (its /metrics before and after): VALID at the reference it measured,
+    INVALID naming both figures once the reference is raised past the tolerance; no reference, no judgement."""
+    measured = acceptance(NGRAM_BEFORE, NGRAM_AFTER)
+    assert measured is not None and measured["mean_acceptance_length"] > 1
+    length = measured["mean_acceptance_length"]
+    drafted = dataclasses.replace(run(RANDOM, "random", hits=0), speculative=measured)
+
+    def judged(reference: float | None) -> Cell:
+        serving = Serving(prefix_caching=True, drafting=True, acceptance_reference=reference)
+        return cell([drafted], V, serving, [])
+
+    assert judged(None).valid and judged(length).valid
+    assert judged(length / (1 - V.acceptance_tolerance) * 0.999).valid  # within the tolerance
+    raised = judged(length * 1.25)
+    assert not raised.valid
+    (reason,) = raised.reasons
+    assert reason.startswith(f"run 1: mean acceptance length {length:g}, below the reference {length * 1.25:g} by "
+                             "more than bench.validity.acceptance_tolerance 10%"), reason  # fmt: skip
+
+
+def test_a_reference_curve_that_no_draft_can_reach_is_refused_when_the_config_is_loaded():
+    from k3deploy.blocks.loader import parse_config
+    from k3deploy.core.errors import ConfigError
+    from tests.configs import site_data, with_changes
+
+    cfg = parse_config(with_changes(site_data(), bench__speculative_reference={1: 1.8, 3: 3.1}))
+    assert cfg.bench.speculative_reference == {1: 1.8, 3: 3.1}
+    with pytest.raises(ConfigError) as refused:
+        parse_config(with_changes(site_data(), bench__speculative_reference={2: 3.5}))
+    (line,) = refused.value.lines
+    assert "bench.speculative_reference" in line, line
+    assert "a mean acceptance length for 2 speculative token(s) is from 1 to 3" in line, line
+
+
+@pytest.mark.parametrize(("percentile", "confidence", "need"), [("99", 0.95, 299), ("90", 0.95, 29), ("50", 0.95, 5),
+                                                                ("99", 0.99, 459), ("99.9", 0.95, 2995)])  # fmt: skip
+def test_a_percentile_needs_the_requests_that_put_one_above_it_at_the_stated_confidence(percentile, confidence, need):
+    assert tail_requests(float(percentile), confidence) == need
+    p = float(percentile) / 100
+    assert p**need <= 1 - confidence < p ** (need - 1)  # the fewest for which all below the tail is that unlikely
+    figures = {f"p{percentile}_ttft_ms": 1.0, "mean_ttft_ms": 1.0}
+    assert unknown_tails(figures, need - 1, confidence) == [(percentile, need)] and not unknown_tails(
+        figures, need, confidence
+    )
+
+
+DETAILED = (DATA / "bench" / "vllm-0.32.0-random-c2-detailed.json").read_text()
+CUT_SHORT = (DATA / "bench" / "vllm-0.32.0-random-c2-max-new-tokens-8.json").read_text()
+ASKED = Serving(prefix_caching=True, drafting=False, num_prompts=20, model="kimi-k3", output_len=16)
+
+
+def test_with_ignore_eos_each_request_of_a_real_run_returned_the_tokens_asked():
+    """--save-detailed's per-request lengths read back: 20 requests, 16 tokens each, no error."""
+    done = parse_result(DETAILED, "random", 2)
+    assert done.output_lens == (16,) * 20 and done.errors == ("",) * 20 and done.output_tokens == 320
+    assert cell([dataclasses.replace(done, prefix_cache={"queries": 1000.0, "hits": 0.0})], V, ASKED, []).valid
+
+
+def test_a_real_server_that_cuts_answers_short_makes_the_cell_invalid_naming_the_shortfall():
+    """The real vLLM told `--override-generation-config '{"max_new_tokens": 8}'`: every answer stopped at 8 of
+    the 16 tokens --ignore-eos asked, every request "completed", and the run was faster for it."""
+    done = parse_result(CUT_SHORT, "random", 2)
+    assert done.ok and done.output_lens == (8,) * 20  # the tool itself saw nothing wrong
+    judged = cell([dataclasses.replace(done, prefix_cache={"queries": 1000.0, "hits": 0.0})], V, ASKED, [])
+    assert not judged.valid
+    assert judged.reasons == [
+        "run 1: 20 of 20 served requests returned fewer tokens than the 16 --ignore-eos asked (bench.random_output_len "
+        "16; shortest 8, short by 160 tokens in all): a server that cuts answers short is not faster"
+    ]  # fmt: skip
+    # one request cut short among full ones is named as one
+    one = dataclasses.replace(done, output_lens=(16,) * 19 + (15,), output_tokens=319,
+                              prefix_cache={"queries": 1000.0, "hits": 0.0})  # fmt: skip
+    (reason,) = cell([one], V, ASKED, []).reasons
+    assert "1 of 20 served requests returned fewer tokens than the 16" in reason and "short by 1 tokens" in reason
+
+
+def test_failed_requests_are_counted_in_the_tools_own_words():
+    data = json.loads(DETAILED)
+    for i in (3, 7):  # two requests failed as vLLM's client records it: its error text, 0 tokens
+        data["errors"][i], data["output_lens"][i] = "Bad Request", 0
+    data = recounted(data | {"completed": 18, "failed": 2, "total_output_tokens": 288})
+    done = dataclasses.replace(parse_result(json.dumps(data), "random", 2), prefix_cache={"queries": 1.0, "hits": 0.0})
+    reasons = cell([done], V, ASKED, []).reasons
+    assert "run 1: 18 of 20 requests completed, 2 failed; 2 × 'Bad Request'" in reasons, reasons
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        (lambda d: d["output_lens"].pop(), "19 output_lens and 20 errors for 20 prompts"),
+        (lambda d: d["output_lens"].__setitem__(0, 15), "output_lens add up to 319, total_output_tokens is 320"),
+        (lambda d: d["errors"].__setitem__(0, "Bad Request"), "19 requests without an error in errors, 20 completed"),
+        (lambda d: d["output_lens"].__setitem__(0, "16"), "output_lens holds something that is not a count"),
+        (lambda d: d.pop("errors"), "output_lens and errors come together with --save-detailed"),
+    ],
+)  # fmt: skip
+def test_per_request_lists_that_are_not_the_runs_are_unreadable(change, rule):
+    data = json.loads(DETAILED)
+    change(data)
+    with pytest.raises(UnreadableEvidence, match=re.escape(rule)):
+        parse_result(json.dumps(data), "random", 2)
+
+
+def test_the_older_tail_key_in_a_record_reads_as_the_same_rule_for_p99():
+    older = Validity.model_validate({"tail_min_requests": 100})  # as records from before tail_confidence have it
+    figures = {"p99_ttft_ms": 1.0}
+    assert unknown_tails(figures, 99, older.tail_confidence) == [("99", 100)]
+    assert unknown_tails(figures, 100, older.tail_confidence) == []
+    with pytest.raises(ValueError, match="tail_min_requests is 0, not a count"):
+        Validity.model_validate({"tail_min_requests": 0})

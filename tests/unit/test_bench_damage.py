@@ -33,8 +33,10 @@ DATA = Path(__file__).parents[1] / "data" / "bench"
 REAL = {
     "random": (DATA / "vllm-0.32.0-random-c2.json").read_text(),
     "prefix_repetition": (DATA / "vllm-0.32.0-prefix_repetition-c2.json").read_text(),
+    "random (--save-detailed)": (DATA / "vllm-0.32.0-random-c2-detailed.json").read_text(),
 }
-HITS = {"random": 0.0, "prefix_repetition": 900.0}  # the cache readings of a cold and a prefix-hit run (of 1000)
+# the cache readings of a cold and a prefix-hit run (of 1000)
+HITS = {"random": 0.0, "prefix_repetition": 900.0, "random (--save-detailed)": 0.0}
 # The plan those runs were made by (configs/local.yaml's bench: 20 prompts, 16 tokens, --ignore-eos, kimi-k3).
 PLAN = Serving(prefix_caching=True, drafting=False, num_prompts=20, model="kimi-k3", output_len=16)
 
@@ -42,7 +44,7 @@ PLAN = Serving(prefix_caching=True, drafting=False, num_prompts=20, model="kimi-
 def judged_valid(text: str, workload: str) -> tuple[bool, str]:
     """(VALID?, why not) of one run's result as the bench stage judges it."""
     try:
-        run = parse_result(text, workload, 2)
+        run = parse_result(text, workload.split()[0], 2)
     except UnreadableEvidence as err:
         return False, str(err)
     run = dataclasses.replace(run, prefix_cache={"queries": 1000.0, "hits": HITS[workload]})
@@ -103,6 +105,19 @@ def shortened_outputs(data: dict[str, Any], draw: Any) -> None:
     recounted(data)
 
 
+def one_request_cut_short(data: dict[str, Any], draw: Any) -> None:
+    """With --save-detailed: some requests' answers cut short, their lengths, the totals and rates made to agree
+    (without the lists: the total alone falls short)."""
+    cut = draw(st.integers(1, 15))
+    if "output_lens" in data:
+        for i in draw(st.sets(st.integers(0, len(data["output_lens"]) - 1), min_size=1)):
+            data["output_lens"][i] -= cut
+        data["total_output_tokens"] = sum(data["output_lens"])
+    else:
+        data["total_output_tokens"] -= cut
+    recounted(data)
+
+
 def other_concurrency(data: dict[str, Any], draw: Any) -> None:
     data["max_concurrency"] = draw(st.integers(1, 64).filter(lambda k: k != 2))
 
@@ -113,7 +128,7 @@ def other_model(data: dict[str, Any], draw: Any) -> None:
 
 DAMAGES: list[Callable[[dict[str, Any], Any], None]] = [
     flip_sign, zero, swap_percentiles, tail_below_median, past_the_run, fewer_prompts_than_planned,
-    shortened_outputs, other_concurrency, other_model,
+    shortened_outputs, one_request_cut_short, other_concurrency, other_model,
 ]  # fmt: skip
 
 

@@ -107,7 +107,8 @@ def test_bench_matches_seed(plan):
     own = f"./benchmark-results/{parse_config(site_data()).fingerprint()}"
     assert positional == seed_positional and rendered - expected == seed.flags(
         ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-         "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4)), "--result-dir", own]
+         "--result-filename", "random-c4.json", "--seed", str(bench_seed("random", 4)), "--result-dir", own,
+         "--save-detailed"]
     )[1]  # fmt: skip
     assert expected - rendered == seed.flags(["--result-dir", "./benchmark-results"])[1]
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from k3deploy.cli.app import app
-from k3deploy.records.history import RegressionVerdict, compare
+from k3deploy.records.history import RegressionVerdict, comparable, compare
 from k3deploy.records.record import UnreadableRecord, load_record, scan_records
 
 pytestmark = pytest.mark.report
@@ -125,6 +125,40 @@ def test_a_vanished_figure_with_no_history_is_still_missing():
     result = compare(RunRecord.model_validate(data), [])
     assert result.verdict is RegressionVerdict.MISSING
     assert [m.key for m in result.metrics if m.verdict is RegressionVerdict.MISSING] == ["bench random c2 mean_ttft_ms"]
+
+
+def failed_at_launch(data: dict[str, Any]) -> None:
+    """The real record as a run that failed at launch: the engine refused, nothing after it ran."""
+    data.update(verdict="fail", failed_stage="launch",
+                failure={"failure_class": "engine", "evidence": "EngineCore failed to start."})  # fmt: skip
+    for stage in data["stages"]:
+        if stage["stage"] == "launch":
+            stage.update(verdict="fail", reason="EngineCore failed to start.", data={})
+        elif stage["stage"] in ("smoke", "bench", "accuracy"):
+            stage.update(verdict="skipped", reason="launch failed", findings=[], data={})
+
+
+def test_a_run_that_failed_before_bench_says_once_that_its_figures_were_not_measured(tmp_path):
+    root = store(tmp_path, {"edited": edited(failed_at_launch)})
+    scan = scan_records(root)
+    run = next(r for r in scan.records if r.run_id == "edited")
+    result = compare(run, scan.records)
+    assert result.verdict is RegressionVerdict.INCONCLUSIVE and result.metrics == []  # not a MISSING row per figure
+    assert result.why == "failed at launch (engine) before bench: its figures were not measured"
+    assert result.history_runs and result.history_runs == [r.run_id for r in comparable(run, scan.records, 10)]
+    cli = CliRunner().invoke(app, ["report", "edited", "--compare", "--runs-dir", str(root)], terminal_width=250)
+    assert "MISSING" not in cli.output and cli.output.count("its figures were not measured") == 1, cli.output
+    page = (root / "edited" / "report.html").read_text()
+    assert "MISSING" not in page and "The run failed at launch (engine) before bench" in page
+    # A run that failed at bench itself measured, or could have: its lost figures stay MISSING (never a pass).
+    at_bench = edited(lambda d: (bench_run(d)["figures"].pop("output_throughput"), d.update(failed_stage="bench")))
+    assert compare(load_record_text(at_bench), scan.records).verdict is RegressionVerdict.MISSING
+
+
+def load_record_text(text: str) -> Any:
+    from k3deploy.records.record import RunRecord
+
+    return RunRecord.model_validate(json.loads(text))
 
 
 def test_compare_names_the_records_history_left_out(tmp_path):

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from k3deploy.core.stage import FailureClass
 from k3deploy.tasks import metrics
 from k3deploy.tasks.smoke.checks import Reply, png_data_url, stream_events
 from tests.smoke_replay import DATA, VLLM, recording, replay
@@ -135,3 +136,21 @@ def test_a_reply_without_an_answer_explains_itself():
 def test_the_png_is_a_real_png():
     raw = png_data_url()
     assert raw.startswith("data:image/png;base64,iVBORw0KGgo")  # the PNG signature, base64
+
+
+def test_a_cached_answer_unlike_the_cold_one_fails_as_the_engines_with_both_answers():
+    """The real replies (cold, then served from the prefix cache), the third's content changed: one word."""
+    document = recording("scripted", "prefix cache")
+    cold = json.loads(document["steps"][1]["reply"]["text"])["choices"][0]["message"]["content"]
+
+    def other(answer: dict[str, Any]) -> dict[str, Any]:
+        answer["choices"][0]["message"]["content"] = cold.replace(cold.split()[0], "Different", 1)
+        return answer
+
+    outcome = replay("prefix cache", changed_reply(document, 3, other))
+    assert outcome.ok is False and outcome.cause is FailureClass.ENGINE
+    assert outcome.detail.startswith("the answer served from the prefix cache differs from the cold one: cold '")
+    assert "cached 'Different" in outcome.detail
+    assert replay("prefix cache", document).detail.endswith(
+        f"the cached answers equal the cold one ({len(cold)} characters)"
+    )
