@@ -37,7 +37,10 @@ BENCH_METRICS = (
     "mean_tpot_ms",
     "mean_e2el_ms",
     "request_goodput",  # with bench.slo only
+    "mean_output_tokens",  # without --ignore-eos only: judged by LENGTH_TOLERANCE both ways, not as a speed
 )
+OUTPUT_LENGTH = "mean_output_tokens"
+LENGTH_TOLERANCE = 0.10  # MLPerf Inference TEST09: the mean output length within ±10 % of the reference
 # What defines "the same deployment" across runs; everything else a regression may be blamed on.
 FAMILY_KEYS = (
     "cluster.nodes",
@@ -218,6 +221,27 @@ def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
     return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, median, low, high, past)
 
 
+def judge_length(figure: Figure, history: Sequence[float], baseline: Figure | None) -> MetricVerdict:
+    """The mean output length (measured without --ignore-eos) against the baseline run's, else history's median:
+    beyond ±10 % either way the run answered differently, and its speed is not comparable — a server that cuts
+    answers short is not faster. Never a pass then."""
+    if baseline is not None:
+        reference, source = baseline.value, "the baseline run's"
+    elif len(history) >= MIN_HISTORY:
+        reference, source = statistics.median(history), f"the median of {len(history)} earlier runs'"
+    else:
+        why = f"only {len(history)} earlier passing run(s) with this figure and no baseline run"
+        return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, history=tuple(history))
+    change = (figure.value - reference) / reference if reference else 0.0
+    within = abs(change) <= LENGTH_TOLERANCE
+    why = f"{figure.value:.4g} tokens a request, {change:+.1%} from {source} {reference:.4g}: " + (
+        "within ±10 %" if within else "beyond ±10 %: answers of another length, its speed is not comparable"
+    )
+    verdict = RegressionVerdict.PASS if within else RegressionVerdict.REGRESSED
+    low, high = reference * (1 - LENGTH_TOLERANCE), reference * (1 + LENGTH_TOLERANCE)
+    return MetricVerdict(figure.key, figure.value, verdict, why, reference, low, high, tuple(history))
+
+
 def judge_baseline(figure: Figure, value: float, threshold: float, source: str) -> MetricVerdict:
     """A figure against a fixed baseline: ≥ threshold × value (throughput, scores), ≤ (latency)."""
     bound = threshold * value
@@ -306,6 +330,9 @@ def compare(
     expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures if baseline is not None}
     verdicts: list[MetricVerdict] = invalid_cells(record) + missing(have, expected)
     for key, figure in sorted(have.items()):
+        if key.endswith(OUTPUT_LENGTH):
+            verdicts.append(judge_length(figure, [s[key].value for s in series if key in s], base_figures.get(key)))
+            continue
         verdicts.append(judge(figure, [s[key].value for s in series if key in s]))
         if key in base_figures:
             spread = verdicts[-1]

@@ -17,6 +17,8 @@ from typing import Any
 from k3deploy.blocks.bench import Baseline, Validity
 from k3deploy.tasks.bench.results import BenchRun, Comparison, applies
 
+OUTPUT_LENGTH = "mean_output_tokens"  # a cell's figure without --ignore-eos: what the answers' length was
+
 
 @dataclass(frozen=True)
 class Serving:
@@ -202,6 +204,10 @@ def cell(runs: list[BenchRun], validity: Validity, serving: Serving, baselines: 
     keys = [k for k in first.figures if all(k in run.figures for run in runs)]
     figures = {k: round(statistics.median(run.figures[k] for run in runs), 6) for k in keys}
     spread = {k: [min(run.figures[k] for run in runs), max(run.figures[k] for run in runs)] for k in keys}
+    lengths = [run.output_tokens / run.completed for run in runs if run.output_tokens is not None and run.completed]
+    if serving.output_len is None and len(lengths) == len(runs):  # without --ignore-eos: the answers' own length
+        figures[OUTPUT_LENGTH] = round(statistics.median(lengths), 6)
+        spread[OUTPUT_LENGTH] = [min(lengths), max(lengths)]
     return Cell(
         first.workload, first.concurrency, len(runs), not reasons, reasons, flags,
         sum(run.completed for run in runs), sum(run.num_prompts for run in runs),

@@ -261,3 +261,10 @@ def test_the_older_tail_key_in_a_record_reads_as_the_same_rule_for_p99():
     assert unknown_tails(figures, 100, older.tail_confidence) == []
     with pytest.raises(ValueError, match="tail_min_requests is 0, not a count"):
         Validity.model_validate({"tail_min_requests": 0})
+
+
+def test_without_ignore_eos_a_cell_keeps_its_answers_mean_length_and_with_it_does_not():
+    done = dataclasses.replace(parse_result(DETAILED, "random", 2), prefix_cache={"queries": 1000.0, "hits": 0.0})
+    free = Serving(prefix_caching=True, drafting=False, num_prompts=20, model="kimi-k3", output_len=None)
+    assert cell([done], V, free, []).figures["mean_output_tokens"] == 16.0
+    assert "mean_output_tokens" not in cell([done], V, ASKED, []).figures  # fixed by --ignore-eos: nothing to judge

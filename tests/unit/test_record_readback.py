@@ -179,3 +179,36 @@ def test_the_command_line_prints_one_line_and_no_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout
     assert done.stderr.strip().splitlines() == [f"k3deploy: error: {root}/future/record.json: {DAMAGE['future'][1]}"]
+
+
+def with_output_length(tokens: float) -> Any:
+    def change(data: dict[str, Any]) -> None:
+        for stage in data["stages"]:
+            if stage["stage"] == "bench":  # records from before cells: a cell per run (history.bench_cells)
+                for cell in stage["data"].get("cells", stage["data"].get("runs", [])):
+                    cell["figures"]["mean_output_tokens"] = tokens
+
+    return change
+
+
+@pytest.mark.parametrize(("tokens", "verdict"), [(16.0, "PASS"), (17.5, "PASS"), (14.0, "REGRESSED"),
+                                                 (8.0, "REGRESSED"), (18.0, "REGRESSED")])  # fmt: skip
+def test_without_ignore_eos_a_mean_output_length_beyond_ten_percent_either_way_is_never_a_pass(
+    tmp_path, tokens, verdict
+):
+    """Runs measured without --ignore-eos keep their answers' mean length; a run whose answers are another length
+    (a truncating server) is not comparable, whichever way its speed went."""
+    root = tmp_path / "store"
+    root.mkdir()
+    for path in REAL:
+        data = json.loads(path.read_text())
+        with_output_length(16.0)(data)
+        (root / data["run_id"]).mkdir()
+        (root / data["run_id"] / "record.json").write_text(json.dumps(data))
+    (root / "edited").mkdir()
+    (root / "edited" / "record.json").write_text(edited(with_output_length(tokens)))
+    scan = scan_records(root)
+    run = next(r for r in scan.records if r.run_id == "edited")
+    row = next(m for m in compare(run, scan.records).metrics if m.key == "bench random c2 mean_output_tokens")
+    assert row.verdict == verdict, row.reason
+    assert row.reason.startswith(f"{tokens:.4g} tokens a request, {(tokens - 16) / 16:+.1%} from the median of ")
