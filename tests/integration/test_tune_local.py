@@ -149,6 +149,9 @@ def test_a_matrix_interrupted_mid_cell_resumes_records_a_rejected_cell_and_draws
         assert cell["accuracy"] is None  # not asked: said so in the report, never a made-up score
     spec = cells["ngram"]["points"][0]["acceptance"]
     assert spec and 0 < spec["acceptance_rate"] <= 1 and len(spec["per_position"]) == 2
+    # judged VALID against the local profile's reference curve for this draft (bench.speculative_reference)
+    assert document["config"]["bench"]["speculative_reference"] == {"2": 2.76}, document["config"]["bench"]
+    assert spec["mean_acceptance_length"] >= 2.76 * 0.9 and cells["ngram"]["points"][0]["reasons"] == []
     assert cells["max_num_seqs=2"]["points"][0]["acceptance"] is None
 
     rejected = cells["rejected"]
