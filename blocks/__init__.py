@@ -15,6 +15,8 @@ _WHERE = {
     "BenchConfig": "bench",
     "CheckpointSpec": "models",
     "ClusterConfig": "cluster",
+    "ConformanceConfig": "conformance",
+    "ConformanceThresholds": "conformance",
     "ContainerSettings": "serve",
     "DeploymentConfig": "deployment",
     "DraftSpec": "models",

@@ -14,6 +14,7 @@ from k3deploy.blocks.alerts import AlertsConfig
 from k3deploy.blocks.bench import BenchConfig
 from k3deploy.blocks.checks import config_problems
 from k3deploy.blocks.cluster import ClusterConfig
+from k3deploy.blocks.conformance import ConformanceConfig
 from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
@@ -23,6 +24,7 @@ from k3deploy.core.errors import ConfigError
 # Settings that do not change what runs on the nodes: left out of the servers' fingerprint.
 NOT_SERVING: dict[str, Any] = {
     "smoke": True,
+    "conformance": True,
     "bench": True,
     "accuracy": True,
     "alerts": True,
@@ -42,6 +44,9 @@ class DeploymentConfig(StrictBlock):
     image: ImageConfig = Field(default_factory=ImageConfig, description="Image to pull or build.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="vllm serve flags and environment.")
     smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="Smoke checks against the service.")
+    conformance: ConformanceConfig = Field(
+        default_factory=ConformanceConfig, description="The served API against the Kimi-K3 contract."
+    )
     bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig, description="Accuracy evaluators.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Who hears of a failed or REGRESSED run.")

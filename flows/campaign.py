@@ -8,6 +8,7 @@ earlier pass instead of run (`reuse`: bisect's ends); a cached stage passed in a
 run with the same inputs is not run again (the one resume rule: what is already judged is not run again).
 """
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -16,7 +17,7 @@ from prefect.logging import get_run_logger
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.core.errors import K3DeployError, StageFailed
-from k3deploy.core.stage import StageResult, Verdict, held, now
+from k3deploy.core.stage import FailureCause, FailureClass, StageResult, Verdict, held, now
 from k3deploy.flows.registry import BY_NAME, FINAL, Stage
 from k3deploy.flows.run_abort import serving
 from k3deploy.tasks.stage_cache import stage_inputs_key, stage_task
@@ -95,6 +96,11 @@ def run_stage(stage: Stage, cfg: DeploymentConfig, options: dict[str, Any], run_
     except K3DeployError as err:  # a stage that failed before it could gather findings
         result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=str(err), started_at=started,
                              failure=error_cause(err, None))  # fmt: skip
+    except Exception as err:  # k3deploy's own fault: the stage fails, and teardown and the record still follow
+        logging.getLogger("k3deploy.campaign").exception("%s: an error in k3deploy itself", stage.name)
+        reason = f"an error in k3deploy itself: {type(err).__name__}: {err}"
+        cause = FailureCause(failure_class=FailureClass.TOOL, evidence=reason)
+        result = StageResult(stage=stage.name, verdict=Verdict.FAIL, reason=reason, started_at=started, failure=cause)
     result = held(result, len(cfg.cluster.nodes), started, reused)
     tell(Event("stage", stage.name, result=result))
     return result

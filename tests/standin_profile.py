@@ -74,6 +74,10 @@ def standin_profile(tmp_path: Path, *, hub: bool = False, port: int = PORT, rpc_
     }
     data["serve"]["env"] |= {"K3SIM_CONTROL_FILE": str(tmp_path / "control.json"), "K3SIM_STARTUP_S": "0.5"}
     data["smoke"] = {"request_timeout_s": 5, "burst_requests": 4}
+    # The stand-in answers a tool call with fixed arguments and counts prompts in words: conformance is judged on
+    # the real vLLM (the local profile's e2e module), its faults through a proxy in front of it
+    # (tests/conformance_proxy.py).
+    data["conformance"] = {"enabled": False}
     data["bench"] |= {"prefix_hit": False}
     return data
 

@@ -190,6 +190,12 @@ class SmokeStageFailed(StageFailed):
     failure_class = "model"
 
 
+class ConformanceStageFailed(StageFailed):
+    """A conformance rule failed: a tool call, a stream, a usage count, a parameter check or the reasoning split."""
+
+    failure_class = "engine"
+
+
 class BenchStageFailed(StageFailed):
     """A benchmark request failed, the tool failed, or a metric missed its baseline."""
 

@@ -4,6 +4,10 @@ Scripted variant: every layer's weights are zero, so the hidden state is the cur
 token has a one-hot embedding and an lm_head column that points at the next script token, so greedy decoding walks a
 fixed script from the generation prompt's last token. K3 markers and text chunks are single added tokens (one exception,
 see SCRIPTS), so every token has exactly one successor; thinking on and off start from different prompt tokens.
+Off its script (a successor the engine's grammar forbids, or any other token) the model follows a fixed preference
+that depends on the token it is at (FALLBACKS): under a structured-output grammar it writes the shortest text the
+grammar allows — `""` for a string, `1` for a number, `[]`, one argument — and ends, never free whitespace, so that
+whatever the engine's grammar leaves to the model is answered as briefly as the grammar permits.
 The random variant keeps tokenizer and template but draws every weight at random: requests work, no tool call parses.
 """
 
@@ -30,6 +34,8 @@ THINK_OPEN, THINK_CLOSE = f"{OPEN}think{SEP}", f"{CLOSE}think{SEP}"
 RESPONSE_OPEN, RESPONSE_CLOSE = f"{OPEN}response{SEP}", f"{CLOSE}response{SEP}"
 TOOLS_OPEN, TOOLS_CLOSE = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
 MESSAGE_CLOSE = f"{CLOSE}message{SEP}"
+RESPONSE_SEP = f"response{SEP}"
+EMPTY_STRING = '""'  # one token: an empty JSON string in a single step, so a lone `"` is only ever a needed one
 
 # The smoke stage's tool-call request is what the script answers: the same tool, question and arguments.
 TOOL_NAME = TOOL_SCHEMA["function"]["name"]
@@ -49,14 +55,46 @@ SCRIPTS: dict[str, list[str]] = {
         CALL_OPEN, ARGUMENT_OPEN, TOOL_ARGUMENTS["city"], f"{CLOSE}argument{SEP}", f"{CLOSE}call{SEP}", TOOLS_CLOSE,
         MESSAGE_CLOSE, EOS,
     ],
-    "instant": [RESPONSE_OPEN, PLAIN_CONTENT, MESSAGE_CLOSE, EOS],
+    # The response channel closes as K3 closes it, spelt <|close|> + "response<|sep|>" (the fused form leads to tools).
+    "instant": [RESPONSE_OPEN, PLAIN_CONTENT, CLOSE, RESPONSE_SEP, MESSAGE_CLOSE, EOS],
 }  # fmt: skip
 
 SPECIAL_TOKENS = [
     EOS, OPEN, CLOSE, SEP, THINK_OPEN, THINK_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE, TOOLS_OPEN, TOOLS_CLOSE,
     CALL_OPEN, ARGUMENT_OPEN, f"{CLOSE}argument{SEP}", f"{CLOSE}call{SEP}", MESSAGE_CLOSE,
 ]  # fmt: skip
-TEXT_TOKENS = ["response", REASONING, TOOL_CONTENT, TOOL_ARGUMENTS["city"], PLAIN_CONTENT]
+TEXT_TOKENS = ["response", REASONING, TOOL_CONTENT, TOOL_ARGUMENTS["city"], PLAIN_CONTENT, RESPONSE_SEP, EMPTY_STRING]
+
+# Off the script, the tokens the model prefers, most preferred first, by the kind of token it is at (byte-level
+# spellings: "Ġ" is a space). Each order ends every free stretch a grammar may allow: a JSON string is closed by `"`
+# (or is `""` at once), an XTML argument value by its closing marker, a number after one digit, an array or object
+# before it takes another member; the attribute text of an argument tag by `<|sep|>`. Whitespace and every token not
+# listed come last, whitespace lowest.
+CLOSERS = [f"{CLOSE}argument{SEP}", f"{CLOSE}call{SEP}", TOOLS_CLOSE, RESPONSE_CLOSE, MESSAGE_CLOSE]
+STRUCTURE = ["}", "]", ","]
+ONWARD = [":", "@", ".", "Z"]  # what moves a formatted string on (a time, an address, a zone) rather than repeat a char
+DIGITS = list("1023456789")
+WORDS = ["t", "f", "n", "-", "e", "[", "{", *"abcdghijklmopqrsuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVXY", OPEN, "<"]
+FALLBACKS: dict[str, list[str]] = {
+    # most tokens (a character inside a value): close the string, else the structure, else the argument
+    "generic": [EMPTY_STRING, '"', *STRUCTURE, *CLOSERS, SEP, *ONWARD, *DIGITS, *WORDS],
+    # } ] , : inside a string that may not end yet, move on rather than repeat; in JSON, close the structure
+    "structure": [EMPTY_STRING, '"', *ONWARD, *CLOSERS, SEP, *STRUCTURE, *DIGITS, *WORDS],
+    # a digit: end the number (or the argument) before another digit; a digit only when nothing else fits
+    "digit": [EMPTY_STRING, '"', *STRUCTURE, *CLOSERS, SEP, *ONWARD, *WORDS, *DIGITS],
+    # a lone quote: an opening one that could not be "" (a string with constraints) or a closing one
+    "quote": [*STRUCTURE, *CLOSERS, SEP, *ONWARD, *DIGITS, *WORDS],
+    # an empty string just written: in an argument's raw text, end the argument; in JSON, the structure
+    "empty": [*CLOSERS, SEP, *STRUCTURE, *ONWARD, *DIGITS, *WORDS],
+    # <|sep|> and the script's text: an argument's raw value (or the response channel) ends here
+    "text": [*CLOSERS, *STRUCTURE, EMPTY_STRING, '"', SEP, *ONWARD, *DIGITS, *WORDS],
+    # a space inside a tag: an argument tag names its key (k…), else its attribute text ends at <|sep|>
+    "space": ["k", SEP, EMPTY_STRING, '"', *STRUCTURE, *CLOSERS, *ONWARD, *DIGITS, *WORDS],
+    # a closing marker off its script (inside a value): close the value, never another marker
+    "closer": [EMPTY_STRING, '"', *STRUCTURE, SEP, *ONWARD, *DIGITS, *WORDS],
+}
+TEXT_CLASS = {SEP, "response", REASONING, TOOL_CONTENT, TOOL_ARGUMENTS["city"], PLAIN_CONTENT, RESPONSE_SEP}
+WHITESPACE = ["Ġ", "Ċ", "ĉ", "č"]
 
 # Transformers renders this with trim_blocks and lstrip_blocks; every tag trims, so no stray whitespace either way.
 # `thinking` (default on) picks the generation prompt; tool results carry the `tool`/`index` vLLM's K3 renderer adds.
@@ -136,7 +174,10 @@ def token_ids(tokenizer: Tokenizer) -> dict[str, int]:
     return ids
 
 
-def _weights(vocab: int, scripted: bool, ids: dict[str, int], seed: int) -> dict[str, np.ndarray]:
+def _weights(
+    vocab: int, scripted: bool, ids: dict[str, int], seed: int, lookup: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """`ids`: the script's tokens; `lookup`: every token's id by its text (byte symbols and added tokens)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape: int) -> np.ndarray:
@@ -164,16 +205,42 @@ def _weights(vocab: int, scripted: bool, ids: dict[str, int], seed: int) -> dict
     if scripted:
         embed = tensors["model.embed_tokens.weight"]
         dims = {token: dim for dim, token in enumerate(ids)}  # one hidden dimension per script token
-        rows = list(ids.values())
-        embed[:, : len(dims)] = 0.0
-        lm_head[:, : len(dims)] = 0.0
-        lm_head[rows, :] = 0.0  # outside the script the model babbles, never steps into it
+        kinds = {kind: len(dims) + i for i, kind in enumerate(FALLBACKS)}  # and one per kind of token
+        embed[:, :] = 0.0
+        lm_head[:, :] = 0.0
+        named = {token_id: text for text, token_id in lookup.items()}
+        for token_id in range(vocab):
+            embed[token_id, kinds[kind_of(named.get(token_id, ""))]] = 1.0
+        for kind, order in FALLBACKS.items():
+            lm_head[:, kinds[kind]] = preference(vocab, lookup, order)
         for token, nxt in successors().items():
-            embed[ids[token], :] = 0.0
             embed[ids[token], dims[token]] = 1.0
-            lm_head[ids[nxt], dims[token]] = 1.0
+            lm_head[ids[nxt], dims[token]] = 1.0  # the successor's 1 beats any preference (all below 0.5)
     tensors["lm_head.weight"] = lm_head
     return tensors
+
+
+def kind_of(token: str) -> str:
+    """Which FALLBACKS order a token (by its text in the vocabulary) follows off its script."""
+    if token in CLOSERS:
+        return "closer"
+    if token in TEXT_CLASS:
+        return "text"
+    if token in STRUCTURE:
+        return "structure"
+    if token in DIGITS:
+        return "digit"
+    return {EMPTY_STRING: "empty", '"': "quote", "Ġ": "space"}.get(token, "generic")
+
+
+def preference(vocab: int, lookup: dict[str, int], order: list[str]) -> np.ndarray:
+    """Scores off the script: `order` from 0.45 down, unlisted tokens 0.01, whitespace 0 (all below a successor's 1)."""
+    scores = np.full(vocab, 0.01, np.float32)
+    for token in WHITESPACE:
+        scores[lookup[token]] = 0.0
+    for rank, token in enumerate(order):
+        scores[lookup[token]] = 0.45 - 0.003 * rank
+    return scores
 
 
 def config(vocab: int, eos_id: int) -> dict[str, Any]:
@@ -230,7 +297,11 @@ def write_checkpoint(folder: Path, scripted: bool = True, seed: int = 0) -> list
     tokenizer_path = folder / "tokenizer.json"
     tokenizer_path.write_text(tokenizer.to_str(pretty=True) + "\n")
     weights_path = folder / "model.safetensors"
-    save_file(_weights(vocab, scripted, ids, seed), str(weights_path), metadata={"format": "pt"})
+    save_file(
+        _weights(vocab, scripted, ids, seed, tokenizer.get_vocab(with_added_tokens=True)),
+        str(weights_path),
+        metadata={"format": "pt"},
+    )
     return sorted([*paths, tokenizer_path, weights_path])
 
 

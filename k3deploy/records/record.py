@@ -50,6 +50,19 @@ class ImageProvenance(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
 
 
+class ConformanceFigures(BaseModel):
+    """The conformance stage's headline (tasks/conformance/score.figures); every case is in its conformance.json."""
+
+    requests: int = Field(ge=0)
+    cases: int = Field(ge=0)
+    schema_accuracy: dict[str, float] = Field(description="'whole/alone', 'streamed/load', … → valid forced calls")
+    statuses: dict[str, int] = Field(description="answers per status: valid, invalid, no-call, empty-delta, …")
+    usage_checks: dict[str, int]
+    parameter_checks: dict[str, int]
+    failed_rules: list[str]
+    only_under_load: list[str] = Field(description="cases that failed under load and passed alone")
+
+
 class RunRecord(BaseModel):
     """Everything one validate run saw and concluded; secrets are never part of it."""
 
@@ -69,6 +82,7 @@ class RunRecord(BaseModel):
     checkpoints: list[Checkpoint] = Field(default_factory=list)
     image: ImageProvenance | None = None
     plan: dict[str, Any] | None = Field(default=None, description="The rendered launch plan (what ran).")
+    conformance: ConformanceFigures | None = Field(default=None, description="The served API against the K3 contract.")
     stages: list[StageResult]
     cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours the run held the cluster for its stages.")
     saved_cluster_hours: float = Field(
@@ -228,6 +242,8 @@ def build_record(
     models = by_name.get("models")
     image = by_name.get("image")
     launch = by_name.get("launch")
+    conformance = by_name.get("conformance")
+    figures = conformance.data.get("figures") if conformance else None
     return RunRecord(
         run_id=run_id,
         run_name=run_name,
@@ -247,6 +263,7 @@ def build_record(
         ],
         image=ImageProvenance.model_validate(image.data) if image and image.data.get("image_id") else None,
         plan=launch.data.get("plan") if launch else None,
+        conformance=ConformanceFigures.model_validate(figures) if figures else None,
         stages=stages,
         cluster_hours=round(sum(s.node_seconds for s in stages) / 3600, 4),
         saved_cluster_hours=round(sum(s.saved_node_seconds for s in stages) / 3600, 4),

@@ -96,6 +96,23 @@ def accuracy_rows(record: RunRecord) -> list[dict[str, str]]:
     ]
 
 
+def conformance_rows(record: RunRecord) -> list[dict[str, str]]:
+    """One row per conformance rule, mode and load: cases, failures, the limit, the verdict, the first failing cases."""
+    stage = record.stage("conformance")
+    return [
+        {
+            "rule": r["rule"],
+            "mode": r["mode"] or "pairs",
+            "load": r["load"],
+            "failed": f"{r['failed']} of {r['cases']}",
+            "limit": r["limit"],
+            "verdict": "pass" if r["ok"] else "fail",
+            "detail": r["detail"][:300],
+        }
+        for r in (stage.data.get("rules", []) if stage else [])
+    ]
+
+
 def comparison_rows(comparison: Comparison | None) -> list[dict[str, str]]:
     return [
         {
@@ -132,6 +149,8 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
         lines += [f"- changed since the last pass: {c}" for c in comparison.changes[:20]]
         lines += [f"- left out of the history, unreadable: {u}" for u in comparison.unreadable] + [""]
     lines += ["## Stages", "", *_md_table(stage_rows(record)), "", record.cluster_time() + ".", ""]
+    if record.stage("conformance") is not None:
+        lines += ["## Conformance", "", *_md_table(conformance_rows(record)), ""]
     lines += ["## Bench", "", *_md_table(bench_rows(record))]
     lines += ["", "## Accuracy", "", *_md_table(accuracy_rows(record))]
     if comparison is not None:
@@ -201,6 +220,7 @@ def html_page(
     return _template().render(
         record=record, comparison=comparison, colours=VERDICT_COLOURS, links=links,
         stages=stage_rows(record), bench=bench_rows(record), accuracy=accuracy_rows(record),
+        conformance=conformance_rows(record),
         comparison_rows=comparison_rows(comparison),
         concurrency_charts=[Markup(c) for c in concurrency_charts(record)],
         history_charts=[Markup(c) for c in history_charts(record, comparison, history)] if comparison else [],

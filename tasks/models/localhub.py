@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import importlib.util
 import logging
 import tempfile
 import time
@@ -35,6 +37,14 @@ def generate_checkpoint(folder: Path, kind: GeneratedKind) -> None:
     write_checkpoint(folder, scripted=kind == "scripted")
 
 
+def generated_by(kind: GeneratedKind) -> str:
+    """The commit message of a generated checkpoint: its kind and the generator's version (its source's hash), so a
+    hub made by an older generator is published again, as a new commit, once the generator changes."""
+    spec = importlib.util.find_spec("k3deploy.localprofile.checkpoint")
+    source = Path(spec.origin).read_bytes() if spec and spec.origin else b""
+    return f"{GENERATED_BY.format(kind=kind)} (generator {hashlib.sha256(source).hexdigest()[:12]})"
+
+
 def _logger() -> logging.Logger | LoggingAdapter:
     try:
         return get_run_logger()
@@ -56,20 +66,16 @@ def publish_generated(hub: LocalHubConfig) -> dict[str, str]:
     root.mkdir(parents=True, exist_ok=True)
     published: dict[str, str] = {}
     for repo, kind in hub.generate.items():
-        message = _head_message(root, repo)
-        if message is not None:
-            wanted = GENERATED_BY.format(kind=kind)
-            if message.startswith("k3deploy generated") and message != wanted:
-                log.warning(
-                    "local hub: %s holds another checkpoint (%s); delete %s for a %s one",
-                    repo,
-                    message,
-                    root / repo,
-                    kind,
-                )
-            else:
-                log.info("local hub: %s is published already, not generating it", repo)
+        message, wanted = _head_message(root, repo), generated_by(kind)
+        if message == wanted:
+            log.info("local hub: %s is published already, not generating it", repo)
             continue
+        if message is not None and not message.startswith(GENERATED_BY.format(kind=kind)):
+            log.warning("local hub: %s holds another checkpoint (%s); delete %s for a %s one", repo, message,
+                        root / repo, kind)  # fmt: skip
+            continue
+        if message is not None:
+            log.info("local hub: %s was made by another version of the generator (%s): publishing anew", repo, message)
         with tempfile.TemporaryDirectory(prefix=".generate-", dir=root) as tmp:
             folder = Path(tmp)
             log.info("local hub: generating the %s checkpoint %s (offline)", kind, repo)
@@ -81,7 +87,7 @@ def publish_generated(hub: LocalHubConfig) -> dict[str, str]:
             size, took = sum(p.stat().st_size for p in written), time.monotonic() - started
             log.info("local hub: generated %s, %d files, %.1f MB in %.1f s", repo, len(written), size / 1e6, took)
             files: dict[str, bytes | Path] = {p.relative_to(folder).as_posix(): p for p in written}
-            published[repo] = publish(root, repo, files, BRANCH, GENERATED_BY.format(kind=kind))
+            published[repo] = publish(root, repo, files, BRANCH, wanted)
             log.info("local hub: published %s as commit %s", repo, published[repo][:12])
     return published
 

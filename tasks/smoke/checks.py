@@ -13,56 +13,22 @@ import struct
 import zlib
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import jsonschema
 
 from k3deploy.core.stage import FailureClass
 from k3deploy.tasks import metrics
+from k3deploy.tasks.chat_api import CHAT, Call, Reply, stream_events
+from k3deploy.tasks.chat_api import cut as _cut
 from k3deploy.tasks.tool_call import QUESTION, TOOL_RESULT, TOOLS
 
-CHAT = "/v1/chat/completions"
 METRICS = "/metrics"
-EXCERPT = 160
-
-
-@dataclass(frozen=True)
-class Call:
-    method: Literal["GET", "POST"]
-    path: str
-    body: dict[str, Any] | None = None
-    stream: bool = False
-
-    def excerpt(self) -> str:
-        if self.body is None:
-            return f"{self.method} {self.path}"
-        return _cut(f"{self.method} {self.path} {json.dumps(self.body)}")
 
 
 @dataclass(frozen=True)
 class Burst:
     calls: list[Call]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An answer (status and body text, a stream's raw SSE text), or status 0 and why there was none."""
-
-    status: int
-    text: str = ""
-    error: str = ""
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.text)
-        except (ValueError, RecursionError):
-            return None
-
-    def why(self) -> str:
-        """What went wrong, in words, when the status is not 200."""
-        if self.status == 0:
-            return self.error or "no answer"
-        return f"HTTP {self.status}: {_cut(self.text)}"
 
 
 @dataclass(frozen=True)
@@ -99,11 +65,6 @@ class Check:
     name: str
     what: str
     run: Callable[[Context], CheckRun]
-
-
-def _cut(text: str, limit: int = EXCERPT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def chat_body(ctx: Context, content: Any, *, thinking: bool, max_tokens: int | None = None) -> dict[str, Any]:
@@ -145,25 +106,6 @@ def reasoning_of(message: dict[str, Any]) -> tuple[str | None, str | None]:
         if message.get(name):
             return str(message[name]), name
     return None, None
-
-
-def stream_events(text: str) -> tuple[list[dict[str, Any]], bool]:
-    """The JSON events of an SSE body and whether it ended with `data: [DONE]`."""
-    events, done = [], False
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            done = True
-            continue
-        try:
-            event = json.loads(data)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(event, dict):  # a chunk is an object; anything else is not one
-            events.append(event)
-    return events, done
 
 
 def png_data_url(size: int = 32, rgb: tuple[int, int, int] = (220, 30, 30)) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 
 from k3deploy.core.stage import FailureClass, Finding
-from k3deploy.tasks.smoke.checks import Burst, Call, Check, Context, Outcome, Reply
+from k3deploy.tasks.chat_api import Call, Reply, send
+from k3deploy.tasks.smoke.checks import Burst, Check, Context, Outcome
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,6 @@ class Row:
         if failed:
             cause = self.outcome.cause or (FailureClass.ENGINE if self.unserved else FailureClass.MODEL)
         return Finding(subject, self.check, not failed, self.outcome.detail, cause)
-
-
-def send(http: httpx.Client, call: Call, timeout: float) -> Reply:
-    """One request; a stream is read to its end (its raw SSE text is the reply's text)."""
-    try:
-        if call.stream:
-            with http.stream(call.method, call.path, json=call.body, timeout=timeout) as response:
-                return Reply(response.status_code, "".join(response.iter_text()))
-        response = http.request(call.method, call.path, json=call.body, timeout=timeout)
-        return Reply(response.status_code, response.text)
-    except httpx.TimeoutException:
-        return Reply(0, error=f"no answer within {timeout:g} s")
-    except httpx.HTTPError as err:
-        return Reply(0, error=f"{type(err).__name__}: {err}")
 
 
 Step = Call | Burst

@@ -24,7 +24,7 @@ from k3deploy.blocks import parse_config
 from k3deploy.core.errors import ModelsStageFailed
 from k3deploy.core.stage import failure_lines
 from k3deploy.flows.models import models
-from k3deploy.localhub import HubServer, resolve
+from k3deploy.localhub import HubServer, publish, resolve
 from k3deploy.tasks.models import localhub
 from k3deploy.tasks.node.node_agent import MANIFEST_NAME
 from tests.bedconfig import write_config
@@ -125,7 +125,8 @@ def test_models_stage_publishes_serves_downloads_and_stops_its_own_hub(
     assert result.verdict.value == "pass", failure_lines(result.findings)
     assert [kind for _, kind in generated] == ["scripted"]
     commit = resolve(tmp_path / "hub", REPO, "main")
-    assert commit.message == "k3deploy generated a scripted checkpoint"
+    assert commit.message == localhub.generated_by("scripted")
+    assert commit.message.startswith("k3deploy generated a scripted checkpoint (generator ")
     target = result.data["checkpoints"][0]
     assert (target["repo"], target["commit"], target["files"]) == (REPO, commit.sha, 5)
     assert {r["node"]: r["downloaded files"] for r in target["nodes"]} == {"local0": 5}  # shared root: once
@@ -217,9 +218,19 @@ def test_each_generated_repo_is_published_once(tmp_path, generated) -> None:
         other: resolve(tmp_path / "hub", other, "main").sha,
     }
     assert sorted(kind for _, kind in generated) == ["random", "scripted"]
-    assert resolve(tmp_path / "hub", other, "main").message == "k3deploy generated a random checkpoint"
+    assert resolve(tmp_path / "hub", other, "main").message == localhub.generated_by("random")
     assert localhub.publish_generated(cfg.local_hub) == {}
     assert len(generated) == 2
+
+
+def test_a_checkpoint_made_by_another_generator_version_is_published_anew(tmp_path, generated) -> None:
+    cfg = models_config(tmp_path, free_port(), generate={REPO: "scripted"})
+    old = publish(tmp_path / "hub", REPO, {"config.json": b"{}"}, "main", "k3deploy generated a scripted checkpoint")
+    published = localhub.publish_generated(cfg.local_hub)
+    head = resolve(tmp_path / "hub", REPO, "main")
+    assert published == {REPO: head.sha} and head.sha != old and head.message == localhub.generated_by("scripted")
+    assert generated == [(generated[0][0], "scripted")]
+    assert localhub.publish_generated(cfg.local_hub) == {}  # the same generator: not again
 
 
 def test_the_generator_is_the_local_profiles_write_checkpoint(tmp_path, monkeypatch) -> None:

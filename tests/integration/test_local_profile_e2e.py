@@ -30,10 +30,12 @@ import pytest
 import yaml
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.core.errors import BenchStageFailed, ValidateFailed
+from k3deploy.core.errors import BenchStageFailed, ConformanceStageFailed, ValidateFailed
 from k3deploy.core.paths import runs_dir
+from k3deploy.core.stage import failure_lines
 from k3deploy.flows.accuracy import accuracy as accuracy_stage
 from k3deploy.flows.bench import bench as bench_stage
+from k3deploy.flows.conformance import conformance as conformance_stage
 from k3deploy.flows.launch import launch
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
@@ -41,6 +43,7 @@ from k3deploy.localprofile import checkpoint as ck
 from k3deploy.records.record import SCHEMA_PATH, build_record
 from k3deploy.records.report import markdown
 from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
+from tests import conformance_proxy
 from tests.bedconfig import write_config
 from tests.cli_run import STAGES, assert_quiet, k3deploy_run, log_file, table_rows
 from tests.ports import in_this_netns, port_free, started_here
@@ -141,7 +144,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     assert [row[:2] for row in table_rows(out.stdout)] == [
         [stage, {"accuracy": "not-applicable", "teardown": "skipped"}.get(stage, "pass")] for stage in STAGES
     ]
-    assert len(out.stdout.splitlines()) <= 32, out.stdout  # the table and where the record, log and report are
+    assert len(out.stdout.splitlines()) <= 34, out.stdout  # the table and where the record, log and report are
     log = log_file(out.stdout)
     assert log.parent.parent == tmp_path / "runs" and log.name == "prefect.log"
     text = log.read_text()
@@ -156,6 +159,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "image": "pass",
         "launch": "pass",
         "smoke": "pass",
+        "conformance": "pass",
         "bench": "pass",
         "accuracy": "not-applicable",  # no evaluator in the profile (the accuracy test below runs both)
         "teardown": "skipped",  # keep_serving
@@ -172,6 +176,18 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "prefix cache": "pass",
         "every DP rank": "pass",
     }
+    # conformance: every rule at its default but schema accuracy, which the profile sets to what the tiny model
+    # scores (configs/local.yaml); each case's request and answer in the run's conformance.json
+    figures = document["conformance"]
+    assert figures["schema_accuracy"] == dict.fromkeys(["whole/alone", "streamed/alone", "whole/load", "streamed/load"],
+                                                       0.425)  # fmt: skip
+    assert figures["usage_checks"] == {"checked": 16, "exact": 16} and figures["failed_rules"] == []
+    assert figures["parameter_checks"] == {"checked": 26, "as_due": 26} and figures["only_under_load"] == []
+    report = json.loads(Path(data["conformance"]["report"]).read_text())
+    assert len(report["cases"]) == figures["requests"] and all(r["ok"] for r in report["rules"])
+    invalid = [c for c in report["cases"] if not c["ok"]]
+    assert {(c["family"], c["status"], c["keyword"], c["cause"]) for c in invalid} == {
+        ("forced", "invalid", "required", "model")}  # fmt: skip
     runs = data["bench"]["runs"]
     assert [(r["workload"], r["concurrency"]) for r in runs] == [("random", 2), ("prefix_repetition", 2)]
     assert all(r["completed"] == r["num_prompts"] == 20 and r["failed"] == 0 for r in runs)
@@ -296,6 +312,55 @@ def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(serv
     report = markdown(record, None, {})
     median, (low, high) = cold["figures"]["output_throughput"], cold["spread"]["output_throughput"]
     assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
+
+
+# Each fault of the proxy (tests/conformance_proxy.py), the load pass only where the fault needs it, and a rule it
+# must fail with the words its detail must hold: the case, its status, what was seen.
+PROXY_FAULTS = [
+    ({"invalid": "get_weather_000"}, False, "schema accuracy (streamed, alone)",
+     ["forced/get_weather_000: invalid", "[additionalProperties]"]),
+    ({"empty-delta": 4}, True, "forced calls well formed (streamed, load)",
+     ["forced/get_weather_000: empty-delta", "only under load"]),
+    ({"differs": True}, False, "streamed = whole (alone)", ["auto/alone: differs: content differ"]),
+    ({"prompt-tokens": True}, False, "usage counted (whole, alone)", ["usage/plain: prompt-tokens", "(+1)"]),
+    ({"500": True}, False, "parameters refused or accepted (whole, alone)", ["params/temperature -1: http-500"]),
+    ({"leak": True}, False, "reasoning apart (streamed, alone)", ["reasoning/thinking: leak", "reasoning is repeated"]),
+]  # fmt: skip
+
+
+@pytest.mark.conformance
+@pytest.mark.faults
+def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_the_case_and_the_mode(
+    served: Served, tmp_path
+):
+    """The suite through a proxy in front of the real server: clean, every rule passes at its default; each fault
+    in turn fails the stage, its rule naming the case, the mode and the load."""
+    cfg = load_config(served.config)
+    proxy = conformance_proxy.start(f"http://127.0.0.1:{cfg.serve.service_port}")
+    suite = {
+        "url": proxy.url,
+        "schemas": 1,
+        "strict_tools": True,
+        "max_tokens": 512,
+        "concurrency": 8,
+        "thresholds": {},
+    }  # the defaults: 100 %, no failure (the first schema's arguments are valid from it)
+    try:
+        clean = profile(tmp_path, {"conformance": suite})
+        assert launch(config=clean).data["started"] == {"local0": True, "local1": True}  # adopted
+        passed = conformance_stage(config=clean)
+        assert passed.verdict == "pass" and all(f.ok for f in passed.findings), failure_lines(passed.findings)
+        assert proxy.most_open > 4  # the load pass opens more streams than the empty-delta fault's limit
+        for fault, under_load, subject, words in PROXY_FAULTS:
+            proxy.faults = fault
+            with pytest.raises(ConformanceStageFailed) as failed:
+                conformance_stage(config=profile(tmp_path, {"conformance": suite | {"under_load": under_load}}))
+            rows = {f.subject: f for f in failed.value.result.findings}
+            assert not rows[subject].ok and all(w in rows[subject].detail for w in words), (fault, rows[subject])
+            if under_load:
+                assert rows["empty tool calls (alone)"].ok and not rows["empty tool calls (load)"].ok
+    finally:
+        proxy.shutdown()
 
 
 @pytest.mark.bench

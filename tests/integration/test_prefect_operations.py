@@ -216,7 +216,17 @@ def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, 
         schema = client.read_deployment_by_name("validate/validate").parameter_openapi_schema
     props, defs = schema["properties"], schema["definitions"]
     assert all(p.get("description") for p in props.values()), [k for k, p in props.items() if not p.get("description")]
-    assert defs["StageName"]["enum"] == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy"]
+    assert defs["StageName"]["enum"] == [
+        "preflight",
+        "models",
+        "comm",
+        "image",
+        "launch",
+        "smoke",
+        "conformance",
+        "bench",
+        "accuracy",
+    ]
     assert {"as configured", "none", "Inferact/Kimi-K3-DSpark"} <= set(defs["DraftChoice"]["enum"])
     bench = defs["BenchOptions"]["properties"]
     assert {"workloads", "concurrency_sweep", "baseline_run"} == set(bench) and all(

@@ -30,6 +30,10 @@ def failing(config) -> StageResult:
     raise StageFailed(StageResult(stage="b", verdict=Verdict.FAIL, reason="broke"))
 
 
+def broken(config) -> StageResult:
+    return config.no_such_setting  # a bug in k3deploy itself: AttributeError
+
+
 def stage(name: str, function: str) -> Stage:
     return Stage(name, f"tests.unit.test_campaign:{function}", name)
 
@@ -50,6 +54,17 @@ def test_after_the_first_failure_every_stage_is_skipped_not_run_and_the_listener
     assert [(e.kind, e.name, e.ended) for e in heard] == [("stage", "a", False), ("stage", "a", True),
                                                           ("stage", "b", False), ("stage", "b", True)]  # fmt: skip
     assert heard[3].result is attempt.results[1]
+
+
+def test_an_error_in_k3deploy_itself_fails_its_stage_as_the_tools_and_the_attempt_goes_on(heard):
+    """Not a project error (a bug): the stage fails naming it, class tool, and what follows is skipped as after any
+    failure — so teardown still runs and the record is still written (seen: an AttributeError in a new stage had left
+    both ranks serving and no record)."""
+    attempt = run_attempt([stage("x", "broken"), stage("c", "passing")], CFG, {}, "run-1", teardown=False)
+    failed, skipped = attempt.results
+    assert failed.verdict == Verdict.FAIL and failed.failure is not None and failed.failure.failure_class == "tool"
+    assert "an error in k3deploy itself: AttributeError" in failed.reason and "no_such_setting" in failed.reason
+    assert skipped.verdict == Verdict.SKIPPED and [e.ended for e in heard] == [False, True]
 
 
 def test_a_stage_taken_from_an_earlier_pass_is_not_run_and_says_whose_pass_it_was(heard):

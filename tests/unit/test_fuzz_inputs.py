@@ -220,7 +220,7 @@ def mutated(draw: st.DrawFn, documents: Sequence[Any], values: st.SearchStrategy
 # -- the config loader ---------------------------------------------------------------------------------
 
 LOCAL = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
-SECTIONS = ("cluster", "models", "image", "serve", "smoke", "bench", "accuracy")
+SECTIONS = ("cluster", "models", "image", "serve", "smoke", "conformance", "bench", "accuracy")
 # Pieces of YAML that make the parser or its constructors work: tags, anchors, merges, bad dates and numbers.
 YAML_PIECES = st.sampled_from(
     ["cluster:", "nodes:", "serve:", "- ", "  ", "\n", "{", "}", "[", "]", ", ", ": ", "? ", "---\n", "...\n",

@@ -149,7 +149,7 @@ def test_scripted_greedy_path_reaches_the_tool_call(scripted: Path) -> None:
 
 def test_scripted_greedy_path_without_thinking_is_plain_content(scripted: Path) -> None:
     generated = greedy_walk(scripted, render(scripted, USER, thinking=False))
-    assert generated == f"{ck.PLAIN_CONTENT}<|close|>message<|sep|><|end_of_msg|>"
+    assert generated == f"{ck.PLAIN_CONTENT}<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
 
 
 def test_same_seed_same_bytes_random_variant_differs(tmp_path: Path, scripted: Path) -> None:

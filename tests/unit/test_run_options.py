@@ -114,7 +114,7 @@ def test_validate_form_offers_the_stages_as_a_multi_select_and_a_dropdown():
 
 @pytest.mark.parametrize(
     ("only", "start", "expected"),
-    [((), "preflight", 8), (("bench",), "preflight", 2), ((), "launch", 5)],
+    [((), "preflight", 9), (("bench",), "preflight", 2), ((), "launch", 6)],
 )
 def test_the_forms_defaults_mean_every_stage(only, start, expected):
     from k3deploy.flows.validate import chosen_stages

@@ -34,8 +34,29 @@ def names(stages) -> list[str]:
 
 
 def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
-    assert names(STAGES) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy", "teardown"]
-    assert names(select()) == ["preflight", "models", "comm", "image", "launch", "smoke", "bench", "accuracy"]
+    assert names(STAGES) == [
+        "preflight",
+        "models",
+        "comm",
+        "image",
+        "launch",
+        "smoke",
+        "conformance",
+        "bench",
+        "accuracy",
+        "teardown",
+    ]
+    assert names(select()) == [
+        "preflight",
+        "models",
+        "comm",
+        "image",
+        "launch",
+        "smoke",
+        "conformance",
+        "bench",
+        "accuracy",
+    ]
     assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image"]  # preflight, launch always run
 
 
@@ -72,7 +93,7 @@ def test_each_stage_option_is_one_field_of_the_model_taken_by_its_flow_and_by_va
 def test_only_and_from_still_start_with_preflight():
     assert names(select(only=["image"])) == ["preflight", "image"]
     assert names(select(only=["launch", "models"])) == ["preflight", "models", "launch"]
-    assert names(select(start="image")) == ["preflight", "image", "launch", "smoke", "bench", "accuracy"]
+    assert names(select(start="image")) == ["preflight", "image", "launch", "smoke", "conformance", "bench", "accuracy"]
     with pytest.raises(ValueError, match="unknown stage 'report'"):
         select(only=["report"])
     with pytest.raises(ValueError, match="either only or from"):
