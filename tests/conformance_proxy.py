@@ -3,7 +3,9 @@ conformance stage is shown catching each. Everything else passes through unchang
 
 Faults (`faults`, kind → setting, changed between runs):
 - "invalid": NAME — a call to NAME gets arguments its schema refuses (an undeclared key);
-- "empty-delta": N — while more than N streams are open, an empty `tool_calls` delta goes before each call delta;
+- "empty-delta": N — while more than N streams are open, an empty `tool_calls` delta goes before each call delta
+  (a call delta waits, a bounded while, until more than N are open or its request is the only one in flight: under
+  load the streams are sent first, so it does not depend on how fast the server answers);
 - "differs" — a streamed answer's first content delta gains a "!" (the whole answer keeps its text);
 - "prompt-tokens" — `usage.prompt_tokens` one more than the server said;
 - "500" — a request with a negative temperature gets HTTP 500 instead of the server's 400;
@@ -29,8 +31,10 @@ class Proxy(ThreadingHTTPServer):
         self.upstream = upstream.rstrip("/")
         self.faults: dict[str, Any] = {}
         self.open_streams = 0
+        self.in_flight = 0  # requests of any kind being answered
         self.most_open = 0  # the most streams open at once (the load pass must have opened more than N)
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
 
     @property
     def url(self) -> str:
@@ -52,6 +56,16 @@ class Handler(BaseHTTPRequestHandler):
         self._send(upstream.status_code, upstream.content, upstream.headers.get("content-type", "text/plain"))
 
     def do_POST(self) -> None:
+        with self.server.changed:
+            self.server.in_flight += 1
+        try:
+            self._post()
+        finally:
+            with self.server.changed:
+                self.server.in_flight -= 1
+                self.server.changed.notify_all()
+
+    def _post(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
         proxy = self.server
         if proxy.has("500") and isinstance(body.get("temperature"), int | float) and body["temperature"] < 0:
@@ -97,9 +111,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stream(self, body: dict[str, Any]) -> None:
         proxy = self.server
-        with proxy.lock:
+        with proxy.changed:
             proxy.open_streams += 1
             proxy.most_open = max(proxy.most_open, proxy.open_streams)
+            proxy.changed.notify_all()
         try:
             with httpx.stream("POST", proxy.upstream + self.path, json=body, timeout=300) as upstream:
                 self.send_response(upstream.status_code)
@@ -109,8 +124,9 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.write((line + "\n").encode())
                     self.wfile.flush()
         finally:
-            with proxy.lock:
+            with proxy.changed:
                 proxy.open_streams -= 1
+                proxy.changed.notify_all()
 
     def _lines(self, lines: Iterator[str]) -> Iterator[str]:
         """The stream's lines with the faults applied; the reasoning seen so far goes in front of the content."""
@@ -133,11 +149,18 @@ class Handler(BaseHTTPRequestHandler):
                 for call in delta.get("tool_calls") or []:
                     self._args(call)
                 limit = self.server.faults.get("empty-delta")
-                if delta.get("tool_calls") and limit is not None and self.server.open_streams > limit:
+                if delta.get("tool_calls") and limit is not None and self._crowded(limit):
                     empty = {**event, "choices": [{"index": choice.get("index", 0), "delta": {"tool_calls": []}}]}
                     yield "data: " + json.dumps(empty)
                     yield ""
             yield "data: " + json.dumps(event)
+
+    def _crowded(self, limit: int) -> bool:
+        """More than `limit` streams open, once the others in flight have had their (bounded) chance to open."""
+        proxy = self.server
+        with proxy.changed:
+            proxy.changed.wait_for(lambda: proxy.open_streams > limit or proxy.in_flight <= 1, timeout=30)
+            return proxy.open_streams > limit
 
 
 def start(upstream: str) -> Proxy:

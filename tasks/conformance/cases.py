@@ -256,11 +256,15 @@ def reasoning_cases(model: str, max_tokens: int) -> list[Case]:
             return _engine("leak", leak)
         return VALID
 
+    # reasoning_effort as K3 reads it (vLLM's renderers/kimi_k3.py): "none" turns thinking off, others set its effort
+    effort = {k: v for k, v in chat(model, QUESTION, max_tokens).items() if k != "chat_template_kwargs"}
     return [
         Case("reasoning/thinking", "reasoning", chat(model, QUESTION, max_tokens), on),
         Case("reasoning/with-tools", "reasoning",
              chat(model, QUESTION, max_tokens, tools=[TOOL_SCHEMA], tool_choice="auto"), on),
         Case("reasoning/thinking-off", "reasoning", chat(model, QUESTION, max_tokens, thinking=False), off),
+        Case("reasoning/effort high", "reasoning", effort | {"reasoning_effort": "high"}, on),
+        Case("reasoning/effort none", "reasoning", effort | {"reasoning_effort": "none"}, off),
     ]  # fmt: skip
 
 
@@ -311,6 +315,8 @@ BAD_PARAMS: dict[str, dict[str, Any]] = {
     "tool_choice names an undeclared tool": {"tools": [TOOL_SCHEMA],
                                              "tool_choice": {"type": "function", "function": {"name": "nope"}}},
     "response_format of an unknown type": {"response_format": {"type": "yaml"}},
+    "reasoning_effort 'extreme'": {"reasoning_effort": "extreme"},
+    "thinking_effort 'extreme'": {"chat_template_kwargs": {"thinking": True, "thinking_effort": "extreme"}},
 }  # fmt: skip
 
 

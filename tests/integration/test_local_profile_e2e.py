@@ -182,7 +182,7 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     assert figures["schema_accuracy"] == dict.fromkeys(["whole/alone", "streamed/alone", "whole/load", "streamed/load"],
                                                        0.425)  # fmt: skip
     assert figures["usage_checks"] == {"checked": 16, "exact": 16} and figures["failed_rules"] == []
-    assert figures["parameter_checks"] == {"checked": 26, "as_due": 26} and figures["only_under_load"] == []
+    assert figures["parameter_checks"] == {"checked": 30, "as_due": 30} and figures["only_under_load"] == []
     report = json.loads(Path(data["conformance"]["report"]).read_text())
     assert len(report["cases"]) == figures["requests"] and all(r["ok"] for r in report["rules"])
     invalid = [c for c in report["cases"] if not c["ok"]]

@@ -109,10 +109,11 @@ def test_real_auto_reasoning_choice_and_params_answers_pass_their_judges():
         chosen = {k.id: k for k in c.choice_cases(SCHEMAS, MODEL, TOKENS)}
         for case_id in ("choice/none", "format/json_object"):
             assert chosen[case_id].judge(answer(case_id, mode)).ok, (case_id, mode)
-    refused = whole(reply("params/temperature -1 whole"))
-    assert refused.status == 400 and "temperature" in refused.problem
     params = {k.id: k for k in c.params_cases(MODEL, TOKENS)}
-    assert params["params/temperature -1"].judge(refused).ok
+    for case_id, word in (("params/temperature -1", "temperature"), ("params/thinking_effort 'extreme'", "low, high")):
+        refused = whole(reply(f"{case_id} whole"))
+        assert refused.status == 400 and word in refused.problem, refused.problem
+        assert params[case_id].judge(refused).ok
 
 
 @pytest.fixture(scope="module")

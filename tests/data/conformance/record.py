@@ -37,7 +37,8 @@ def chosen() -> list[c.Case]:
     ]
     picked += [c.usage_case(k, v, 0) for k, v in c.usage_bodies(model, tokens).items() if k == "usage/tools"]
     paired = [variant for case in picked for variant in (case, case.streamed())]
-    return paired + [p for p in c.params_cases(model, tokens) if p.id in ("params/temperature -1", "params/n 0")]
+    wanted = ("params/temperature -1", "params/n 0", "params/thinking_effort 'extreme'")
+    return paired + [p for p in c.params_cases(model, tokens) if p.id in wanted]
 
 
 def main() -> int:
