@@ -66,8 +66,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("launch", "k3deploy.flows.launch:launch", "serving and ready on every DP rank", alone=("teardown_after",)),
     # Never cached: they ask the service that this run started (or one left up with --keep-serving).
     Stage("smoke", "k3deploy.flows.smoke:smoke", "real requests: chat, stream, tools, reasoning, cache, every rank"),
+    # Cached by what shapes the served API's answers (the engine, the checkpoint, the flags, the suite): a retry of a
+    # run that passed it does not send the suite again to a service started from the same inputs.
     Stage("conformance", "k3deploy.flows.conformance:conformance",
-          "the Kimi-K3 API contract: tool calls vs their schemas, streamed and under load, usage, parameters"),
+          "the Kimi-K3 API contract: tool calls vs their schemas, streamed and under load, usage, parameters",
+          cached=True, inputs=("cluster", "models", "image", "serve", "conformance")),
     Stage("bench", "k3deploy.flows.bench:bench", "vllm bench serve: every request served, figures vs baselines"),
     Stage("accuracy", "k3deploy.flows.accuracy:accuracy", "lm_eval and AISBench scores, samples accounted for"),
     Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", alone=("run_id",)),

@@ -115,7 +115,8 @@ def prepare(base: DeploymentConfig, configs: list[DeploymentConfig], tune_id: st
     rows = [stage_row(preflight)]
     if not preflight.passed:
         return rows
-    for stage in (s for s in STAGES if s.cached):
+    names = [s.name for s in STAGES]
+    for stage in (s for s in STAGES[: names.index("launch")] if s.cached):  # what comes before a server starts
         distinct = {stage_inputs_key(stage, c, DEFAULTS.model_dump(), tune_id): c for c in configs}
         for cfg in distinct.values():
             result = run_stage(stage, cfg, DEFAULTS.model_dump(), tune_id)

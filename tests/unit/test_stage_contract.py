@@ -57,7 +57,25 @@ def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
         "bench",
         "accuracy",
     ]
-    assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image"]  # preflight, launch always run
+    # preflight, launch, smoke and bench always run; conformance is kept by what shapes the served API's answers
+    assert [s.name for s in STAGES if s.cached] == ["models", "comm", "image", "conformance"]
+
+
+def test_a_retry_sends_the_conformance_suite_again_only_when_what_shapes_the_answers_changed():
+    from k3deploy.tasks.stage_cache import inputs_digest
+
+    data = site_data()
+    base = parse_config(data).public()
+
+    def digest(section: str, change: dict) -> str:
+        changed = json.loads(json.dumps(data))
+        changed[section] = {**changed.get(section, {}), **change}
+        return inputs_digest(stage("conformance"), parse_config(changed).public(), {})
+
+    same = inputs_digest(stage("conformance"), base, {})
+    assert digest("bench", {"num_prompts": 7}) == digest("smoke", {"max_tokens": 9}) == same
+    assert digest("serve", {"max_num_seqs": 7}) != same and digest("conformance", {"schemas": 7}) != same
+    assert digest("image", {"allow_unpinned": True}) != same
 
 
 def test_each_stage_option_is_one_field_of_the_model_taken_by_its_flow_and_by_validate_as_one_group():
