@@ -268,7 +268,12 @@ def reasoning_cases(model: str, max_tokens: int) -> list[Case]:
     ]  # fmt: skip
 
 
-def usage_case(case_id: str, body: dict[str, Any], expected: int) -> Case:
+K3DEPLOY_COUNT = "the served tokenizer and chat template give"
+
+
+def usage_case(case_id: str, body: dict[str, Any], expected: int, source: str = K3DEPLOY_COUNT) -> Case:
+    """`source` says who counted `expected`: k3deploy itself, or the server's /tokenize where k3deploy cannot."""
+
     def judge(answer: Answer) -> Verdict:
         if broken := answered(answer):
             return broken
@@ -276,8 +281,7 @@ def usage_case(case_id: str, body: dict[str, Any], expected: int) -> Case:
         seen = usage.get("prompt_tokens")
         if seen != expected:
             off = f" ({seen - expected:+d})" if isinstance(seen, int) else ""
-            return _engine("prompt-tokens", f"usage.prompt_tokens {seen}{off}; the served tokenizer and chat "
-                           f"template give {expected}")  # fmt: skip
+            return _engine("prompt-tokens", f"usage.prompt_tokens {seen}{off}; {source} {expected}")
         completion = usage.get("completion_tokens")
         if answer.token_ids is None:
             return _engine("no-token-ids", "the answer listed no token_ids (return_token_ids): completion unproven")

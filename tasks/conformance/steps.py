@@ -33,25 +33,55 @@ from k3deploy.tasks.transport.factory import open_transports
 PROGRESS_EVERY = 50  # requests between progress lines
 
 
+Expected = dict[str, tuple[int, str]] | str  # usage case id → (prompt tokens, who counted them), or why none
+
+
 @task(name="read the served tokenizer", cache_policy=NO_CACHE)
 def served_counter(cfg: DeploymentConfig) -> PromptCounter | str:
-    """The prompt counter from the checkpoint node 0 serves, or why there is none (the usage rule then fails)."""
+    """The prompt counter from the checkpoint node 0 serves, or why k3deploy has none (a checkpoint without a
+    tokenizers JSON, as Kimi-K3's tiktoken one): then the server's own /tokenize counts (`expected_counts`)."""
     node = cfg.cluster.nodes[0].name
     files = {}
     with open_transports(cfg.cluster) as transports:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             path = f"{cfg.models.target.path}/{name}"
             try:
-                files[name] = transports[node].run(f"cat {shlex.quote(path)}", timeout=60).check().stdout
+                result = transports[node].run(f"cat {shlex.quote(path)}", timeout=60)
             except TransportError as err:
                 raise NodeError(node, f"cannot read {path}: {err}") from None
+            if result.exit_code != 0:
+                return f"k3deploy cannot read {path} on {node} ({result.stderr.strip()[:120] or 'no such file'})"
+            files[name] = result.stdout
     try:
         return PromptCounter.from_files(files["tokenizer.json"], files["tokenizer_config.json"])
     except PromptCountError as err:
         return f"k3deploy cannot count prompts with {cfg.models.target.path} on {node}: {err}"
 
 
-def build(cfg: DeploymentConfig, counter: PromptCounter | str) -> list[c.Case]:
+def expected_counts(url: str, bodies: dict[str, dict], counter: PromptCounter | str, timeout: float) -> Expected:
+    """Each usage prompt's token count: k3deploy's own; where it has none, the server's /tokenize (the served
+    tokenizer and chat template, counted apart from the completion's usage); neither: why, for the usage rule."""
+    if isinstance(counter, PromptCounter):
+        try:
+            return {case_id: (counter.count(body), c.K3DEPLOY_COUNT) for case_id, body in bodies.items()}
+        except PromptCountError as err:
+            return str(err)
+    source = f"the server's /tokenize gives (k3deploy's own count: {counter})"
+    counts = {}
+    for case_id, body in bodies.items():
+        asked = {k: body[k] for k in ("model", "messages", "tools", "chat_template_kwargs") if k in body}
+        try:
+            reply = httpx.post(f"{url}/tokenize", json=asked | {"add_generation_prompt": True}, timeout=timeout)
+            count = reply.json().get("count") if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as err:
+            return f"{counter}; the server's /tokenize: {type(err).__name__}: {err}"
+        if not isinstance(count, int):
+            return f"{counter}; the server's /tokenize answered HTTP {reply.status_code}: {reply.text[:120]}"
+        counts[case_id] = (count, source)
+    return counts
+
+
+def build(cfg: DeploymentConfig, expected: Expected) -> list[c.Case]:
     """Every case of the suite, each streamed case after its whole twin (parameters are sent whole only)."""
     conf, model = cfg.conformance, cfg.serve.served_model_name
     tokens = conf.max_tokens
@@ -61,20 +91,17 @@ def build(cfg: DeploymentConfig, counter: PromptCounter | str) -> list[c.Case]:
     cases += c.choice_cases(schemas, model, tokens)
     cases += c.reasoning_cases(model, tokens)
     for case_id, body in c.usage_bodies(model, tokens).items():
-        cases.append(_usage(case_id, body, counter))
+        cases.append(_usage(case_id, body, expected))
     paired = [variant for case in cases for variant in (case, case.streamed())]
     return paired + c.params_cases(model, tokens)
 
 
-def _usage(case_id: str, body: dict, counter: PromptCounter | str) -> c.Case:
-    if isinstance(counter, str):
-        reason = counter
-        return c.Case(case_id, "usage", body, lambda _a: c.Verdict(False, "uncounted", reason, FailureClass.TOOL))
-    try:
-        return c.usage_case(case_id, body, counter.count(body))
-    except PromptCountError as err:
-        why = str(err)
+def _usage(case_id: str, body: dict, expected: Expected) -> c.Case:
+    if isinstance(expected, str):
+        why = expected
         return c.Case(case_id, "usage", body, lambda _a: c.Verdict(False, "uncounted", why, FailureClass.TOOL))
+    count, source = expected[case_id]
+    return c.usage_case(case_id, body, count, source)
 
 
 def ask(http: httpx.Client, case: c.Case, load: str, timeout: float) -> Result:
@@ -132,10 +159,11 @@ def send_suite(
 def conformance_suite(cfg: DeploymentConfig, counter: PromptCounter | str, stop: threading.Event | None = None
                       ) -> list[Result]:  # fmt: skip
     logger = get_run_logger()
-    cases = build(cfg, counter)
     conf = cfg.conformance
-    concurrency = conf.in_flight(cfg.bench.max_concurrency) if conf.under_load else None
     url = asked(cfg)
+    bodies = c.usage_bodies(cfg.serve.served_model_name, conf.max_tokens)
+    cases = build(cfg, expected_counts(url, bodies, counter, conf.request_timeout_s))
+    concurrency = conf.in_flight(cfg.bench.max_concurrency) if conf.under_load else None
     logger.info("conformance: %d cases%s against %s", len(cases),
                 f", then again at {concurrency} in flight" if concurrency else "", url)  # fmt: skip
     return send_suite(url, cases, concurrency, conf.request_timeout_s, logger.info, stop)

@@ -42,6 +42,9 @@ from k3deploy.flows.validate import validate
 from k3deploy.localprofile import checkpoint as ck
 from k3deploy.records.record import SCHEMA_PATH, build_record
 from k3deploy.records.report import markdown
+from k3deploy.tasks.conformance.cases import usage_bodies
+from k3deploy.tasks.conformance.prompt_tokens import PromptCounter
+from k3deploy.tasks.conformance.steps import expected_counts
 from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 from tests import conformance_proxy
 from tests.bedconfig import write_config
@@ -329,6 +332,23 @@ PROXY_FAULTS = [
 
 
 @pytest.mark.conformance
+def test_where_k3deploy_cannot_count_a_prompt_the_servers_tokenize_gives_the_same_counts(served: Served):
+    """Kimi-K3's own checkpoint has a tiktoken tokenizer, no tokenizers JSON: the usage rule then takes the count of
+    the server's /tokenize (the served tokenizer and template, apart from the completion's usage). Here both exist:
+    the server's counts are k3deploy's own."""
+    cfg = load_config(served.config)
+    url, folder = f"http://127.0.0.1:{cfg.serve.service_port}", Path(cfg.models.target.path)
+    bodies = usage_bodies(cfg.serve.served_model_name, 64)
+    counter = PromptCounter.from_files((folder / "tokenizer.json").read_text(),
+                                       (folder / "tokenizer_config.json").read_text())  # fmt: skip
+    ours = expected_counts(url, bodies, counter, 60)
+    theirs = expected_counts(url, bodies, "no tokenizer.json here (a tiktoken checkpoint)", 60)
+    assert isinstance(ours, dict) and isinstance(theirs, dict), (ours, theirs)
+    assert {k: n for k, (n, _) in ours.items()} == {k: n for k, (n, _) in theirs.items()} and len(ours) == 4
+    assert all("/tokenize" in source and "tiktoken" in source for _, source in theirs.values())
+
+
+@pytest.mark.conformance
 @pytest.mark.faults
 def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_the_case_and_the_mode(
     served: Served, tmp_path
@@ -350,7 +370,6 @@ def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_th
         assert launch(config=clean).data["started"] == {"local0": True, "local1": True}  # adopted
         passed = conformance_stage(config=clean)
         assert passed.verdict == "pass" and all(f.ok for f in passed.findings), failure_lines(passed.findings)
-        assert proxy.most_open > 4  # the load pass opens more streams than the empty-delta fault's limit
         for fault, under_load, subject, words in PROXY_FAULTS:
             proxy.faults = fault
             with pytest.raises(ConformanceStageFailed) as failed:
@@ -359,6 +378,7 @@ def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_th
             assert not rows[subject].ok and all(w in rows[subject].detail for w in words), (fault, rows[subject])
             if under_load:
                 assert rows["empty tool calls (alone)"].ok and not rows["empty tool calls (load)"].ok
+                assert proxy.most_open > 4  # the load pass had more streams open than the fault's limit
     finally:
         proxy.shutdown()
 

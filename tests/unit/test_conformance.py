@@ -151,6 +151,14 @@ def test_a_served_tokenizer_k3deploy_cannot_count_fails_the_usage_cases_as_the_t
     ) and "chat_template" in verdict.detail
 
 
+def test_with_neither_count_the_usage_rule_says_why_both_failed():
+    from k3deploy.tasks.conformance.steps import expected_counts
+
+    bodies = c.usage_bodies(MODEL, TOKENS)
+    why = expected_counts("http://127.0.0.1:9", bodies, "k3deploy cannot read tokenizer.json", 5)
+    assert isinstance(why, str) and why.startswith("k3deploy cannot read tokenizer.json; the server's /tokenize: ")
+
+
 # --------------------------------------------------------------------------- each fault, made from a real answer
 
 
