@@ -38,13 +38,13 @@ Expected = dict[str, tuple[int, str]] | str  # usage case id → (prompt tokens,
 
 @task(name="read the served tokenizer", cache_policy=NO_CACHE)
 def served_counter(cfg: DeploymentConfig) -> PromptCounter | str:
-    """The prompt counter from the checkpoint node 0 serves, or why k3deploy has none (a checkpoint without a
-    tokenizers JSON, as Kimi-K3's tiktoken one): then the server's own /tokenize counts (`expected_counts`)."""
-    node = cfg.cluster.nodes[0].name
+    """The prompt counter from the tokenizer node 0 serves (`--tokenizer`, models.tokenizer_path), or why k3deploy
+    has none (no tokenizers JSON, as Kimi-K3's tiktoken tokenizer): then the server's /tokenize counts."""
+    node, folder = cfg.cluster.nodes[0].name, str(cfg.models.tokenizer_path or cfg.models.target.path)
     files = {}
     with open_transports(cfg.cluster) as transports:
         for name in ("tokenizer.json", "tokenizer_config.json"):
-            path = f"{cfg.models.target.path}/{name}"
+            path = f"{folder}/{name}"
             try:
                 result = transports[node].run(f"cat {shlex.quote(path)}", timeout=60)
             except TransportError as err:
@@ -55,7 +55,7 @@ def served_counter(cfg: DeploymentConfig) -> PromptCounter | str:
     try:
         return PromptCounter.from_files(files["tokenizer.json"], files["tokenizer_config.json"])
     except PromptCountError as err:
-        return f"k3deploy cannot count prompts with {cfg.models.target.path} on {node}: {err}"
+        return f"k3deploy cannot count prompts with {folder} on {node}: {err}"
 
 
 def expected_counts(url: str, bodies: dict[str, dict], counter: PromptCounter | str, timeout: float) -> Expected:

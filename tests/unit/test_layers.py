@@ -114,3 +114,20 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path):
     assert {"k3deploy.cli.app", "k3deploy.tasks.smoke.checks"} <= found
     assert [t for t in found if (layer(t) or 0) > layer("k3deploy.tasks.bench.steps")] == ["k3deploy.cli.app"]  # type: ignore[operator]
     assert stage_of("k3deploy.tasks.smoke.checks") != stage_of("k3deploy.tasks.bench.steps")
+
+
+def test_every_package_folder_is_listed_for_a_plain_install():
+    """`pip install .` (not -e) installs only the packages pyproject.toml lists: a folder left out is missing there
+    (tasks/conformance was, until this test)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, folders = set(project["packages"]), project["package-dir"]
+    found = set()
+    for name, folder in {"k3deploy": "k3deploy", **folders}.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            if "__pycache__" not in relative:
+                found.add(".".join([name, *relative]))
+    assert found - listed == set()
+    assert {"k3deploy.tasks.conformance", "k3deploy.cli", "k3deploy.flows"} <= found
