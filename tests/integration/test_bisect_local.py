@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from k3deploy.flows.registry import STAGES, stage
 from tests.bisect_cli import K3deploy, stage_flow_runs
 
 pytestmark = [pytest.mark.bisect, pytest.mark.cli, pytest.mark.e2e, pytest.mark.vllm,
@@ -97,14 +98,16 @@ def test_two_changes_breaking_launch_and_smoke_are_both_named_with_stage_and_cla
     ]
     assert f"finding 1: culprit: {KV} (configuration)" in out.stdout
     assert f"fix: reverting {KV}, {REASONING} makes the run pass" in out.stdout
-    # models, comm and image came from the two runs' passes: neither bisect ran any of them
-    after_launch = [s for s in planned if s not in ("models", "comm", "image")]
+    # the cached stages (models, comm, image, conformance) came from the two runs' passes: neither bisect ran them
+    after_launch = [s for s in planned if not stage(s).cached]
     assert stage_flow_runs(first["bisect_id"]) == ["preflight", "launch", "teardown", *after_launch, "teardown"]
     # +KV refused at launch; without KV, smoke fails and the stages after it are skipped
     assert stage_flow_runs(document["bisect_id"]) == ["preflight", "launch", "teardown", "launch", "smoke", "teardown"]
-    for e in experiments.values():
+    cached = {s.name for s in STAGES if s.cached}
+    for e in experiments.values():  # conformance too, in the experiments that reached it
         reused = {s["stage"]: s["reused_from"] for s in e["stages"] if s["reused_from"]}
-        assert set(reused) == {"models", "comm", "image"} and set(reused.values()) <= {good, bad}
+        assert {"models", "comm", "image"} <= set(reused) <= cached and set(reused.values()) <= {good, bad}
+    assert any(s["stage"] == "conformance" and s["reused_from"] for s in experiments["good end"]["stages"])
     assert document["cluster_hours"] > first["cluster_hours"] > 0  # the search's whole cost, both parts
     assert document["saved_cluster_hours"] > first["saved_cluster_hours"] > 0
     assert "node-hours spent" in out.stdout and "saved by reusing stages that passed" in out.stdout
