@@ -23,6 +23,10 @@ class Call:
     path: str
     body: dict[str, Any] | None = None
     stream: bool = False
+    request_id: str = ""  # sent as X-Request-Id: vLLM names the request by it in its own logs
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id} if self.request_id else {}
 
     def excerpt(self) -> str:
         if self.body is None:
@@ -79,9 +83,10 @@ def send(http: httpx.Client, call: Call, timeout: float) -> Reply:
     """One request; a stream is read to its end (its raw SSE text is the reply's text)."""
     try:
         if call.stream:
-            with http.stream(call.method, call.path, json=call.body, timeout=timeout) as response:
+            sent = http.stream(call.method, call.path, json=call.body, headers=call.headers(), timeout=timeout)
+            with sent as response:
                 return Reply(response.status_code, "".join(response.iter_text()))
-        response = http.request(call.method, call.path, json=call.body, timeout=timeout)
+        response = http.request(call.method, call.path, json=call.body, headers=call.headers(), timeout=timeout)
         return Reply(response.status_code, response.text)
     except httpx.TimeoutException:
         return Reply(0, error=f"no answer within {timeout:g} s")

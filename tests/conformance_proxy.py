@@ -3,9 +3,10 @@ conformance stage is shown catching each. Everything else passes through unchang
 
 Faults (`faults`, kind → setting, changed between runs):
 - "invalid": NAME — a call to NAME gets arguments its schema refuses (an undeclared key);
-- "empty-delta": N — while more than N streams are open, an empty `tool_calls` delta goes before each call delta
-  (a call delta waits, a bounded while, until more than N are open or its request is the only one in flight: under
-  load the streams are sent first, so it does not depend on how fast the server answers);
+- "empty-delta": N — a stream opened while more than N are open, or of a load pass once more than N of its streams
+  have been open at once, gets an empty `tool_calls` delta before each call delta. The stage's X-Request-Id says
+  which sending and pass a request is of; a load-pass stream waits (bounded) at its start until that crowd forms:
+  the load pass sends its streams first, so it forms however fast the server answers or the client sends;
 - "differs" — a streamed answer's first content delta gains a "!" (the whole answer keeps its text);
 - "prompt-tokens" — `usage.prompt_tokens` one more than the server said;
 - "500" — a request with a negative temperature gets HTTP 500 instead of the server's 400;
@@ -31,8 +32,9 @@ class Proxy(ThreadingHTTPServer):
         self.upstream = upstream.rstrip("/")
         self.faults: dict[str, Any] = {}
         self.open_streams = 0
-        self.in_flight = 0  # requests of any kind being answered
+        self.crowded: set[str] = set()  # the sendings (X-Request-Id's suite part) whose crowd has formed
         self.most_open = 0  # the most streams open at once (the load pass must have opened more than N)
+        self.request_ids: list[str] = []  # every POST's X-Request-Id, as it came
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
 
@@ -56,25 +58,17 @@ class Handler(BaseHTTPRequestHandler):
         self._send(upstream.status_code, upstream.content, upstream.headers.get("content-type", "text/plain"))
 
     def do_POST(self) -> None:
-        with self.server.changed:
-            self.server.in_flight += 1
-        try:
-            self._post()
-        finally:
-            with self.server.changed:
-                self.server.in_flight -= 1
-                self.server.changed.notify_all()
-
-    def _post(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
         proxy = self.server
+        with proxy.lock:
+            proxy.request_ids.append(self.headers.get("X-Request-Id", ""))
         if proxy.has("500") and isinstance(body.get("temperature"), int | float) and body["temperature"] < 0:
             self._send(500, b'{"error": {"message": "Internal Server Error", "code": 500}}', "application/json")
             return
         if body.get("stream"):
             self._stream(body)
             return
-        upstream = httpx.post(proxy.upstream + self.path, json=body, timeout=300)
+        upstream = httpx.post(proxy.upstream + self.path, json=body, headers=self._passed(), timeout=300)
         data = upstream.json() if upstream.status_code == 200 else None
         if isinstance(data, dict):
             self._whole(data)
@@ -82,6 +76,10 @@ class Handler(BaseHTTPRequestHandler):
         else:
             content = upstream.content
         self._send(upstream.status_code, content, "application/json")
+
+    def _passed(self) -> dict[str, str]:
+        """The request's X-Request-Id, passed on: the engine's log names the request as the stage does."""
+        return {"X-Request-Id": self.headers["X-Request-Id"]} if "X-Request-Id" in self.headers else {}
 
     def _send(self, status: int, content: bytes, kind: str) -> None:
         self.send_response(status)
@@ -116,11 +114,13 @@ class Handler(BaseHTTPRequestHandler):
             proxy.most_open = max(proxy.most_open, proxy.open_streams)
             proxy.changed.notify_all()
         try:
-            with httpx.stream("POST", proxy.upstream + self.path, json=body, timeout=300) as upstream:
+            crowded = self._crowd()
+            sent = httpx.stream("POST", proxy.upstream + self.path, json=body, headers=self._passed(), timeout=300)
+            with sent as upstream:
                 self.send_response(upstream.status_code)
                 self.send_header("content-type", upstream.headers.get("content-type", "text/event-stream"))
                 self.end_headers()
-                for line in self._lines(upstream.iter_lines()):
+                for line in self._lines(upstream.iter_lines(), crowded):
                     self.wfile.write((line + "\n").encode())
                     self.wfile.flush()
         finally:
@@ -128,7 +128,7 @@ class Handler(BaseHTTPRequestHandler):
                 proxy.open_streams -= 1
                 proxy.changed.notify_all()
 
-    def _lines(self, lines: Iterator[str]) -> Iterator[str]:
+    def _lines(self, lines: Iterator[str], crowded: bool) -> Iterator[str]:
         """The stream's lines with the faults applied; the reasoning seen so far goes in front of the content."""
         reasoning, content_seen = "", False
         for line in lines:
@@ -148,19 +148,28 @@ class Handler(BaseHTTPRequestHandler):
                         delta["content"] = f"{reasoning} {delta['content']}"
                 for call in delta.get("tool_calls") or []:
                     self._args(call)
-                limit = self.server.faults.get("empty-delta")
-                if delta.get("tool_calls") and limit is not None and self._crowded(limit):
+                if delta.get("tool_calls") and crowded:
                     empty = {**event, "choices": [{"index": choice.get("index", 0), "delta": {"tool_calls": []}}]}
                     yield "data: " + json.dumps(empty)
                     yield ""
             yield "data: " + json.dumps(event)
 
-    def _crowded(self, limit: int) -> bool:
-        """More than `limit` streams open, once the others in flight have had their (bounded) chance to open."""
-        proxy = self.server
+    def _crowd(self) -> bool:
+        """Whether this stream gets the empty-delta fault: more than N streams open now, or it is of a load pass
+        whose crowd has formed. A load-pass stream waits (bounded) at its start until its sending's crowd forms:
+        the streams that form it stay open meanwhile, so none of them misses it."""
+        proxy, limit = self.server, self.server.faults.get("empty-delta")
+        if limit is None:
+            return False
+        parts = self.headers.get("X-Request-Id", "").split("-")  # k3deploy-conformance-<suite>-<load>-<index>
+        suite, load = (parts[2], parts[3]) if len(parts) == 5 else ("", "")
         with proxy.changed:
-            proxy.changed.wait_for(lambda: proxy.open_streams > limit or proxy.in_flight <= 1, timeout=30)
-            return proxy.open_streams > limit
+            if load == "load" and suite not in proxy.crowded:
+                proxy.changed.wait_for(lambda: proxy.open_streams > limit or suite in proxy.crowded, timeout=30)
+                if proxy.open_streams > limit:
+                    proxy.crowded.add(suite)
+                    proxy.changed.notify_all()
+            return proxy.open_streams > limit or (load == "load" and suite in proxy.crowded)
 
 
 def start(upstream: str) -> Proxy:

@@ -34,6 +34,7 @@ class Result:
     request: str = ""
     response: str = ""
     same: dict[str, Any] = field(default_factory=dict)  # what must match between the streamed and whole answers
+    request_id: str = ""  # the X-Request-Id it was sent with: the engine's log lines about it carry it
 
     def where(self) -> str:
         return f"{self.case} ({self.mode}, {self.load})"

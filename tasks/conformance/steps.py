@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -104,17 +105,17 @@ def _usage(case_id: str, body: dict, expected: Expected) -> c.Case:
     return c.usage_case(case_id, body, count, source)
 
 
-def ask(http: httpx.Client, case: c.Case, load: str, timeout: float) -> Result:
+def ask(http: httpx.Client, case: c.Case, load: str, timeout: float, request_id: str) -> Result:
     """Send one case and judge its answer."""
     started = time.monotonic()
-    reply = send(http, Call("POST", CHAT, case.body, stream=case.stream), timeout)
+    reply = send(http, Call("POST", CHAT, case.body, stream=case.stream, request_id=request_id), timeout)
     answer = streamed(reply) if case.stream else whole(reply)
     verdict = case.judge(answer)
     return Result(
         case.id, case.family, case.mode, load, verdict.ok, verdict.status, verdict.detail,
         verdict.cause.value if verdict.cause else None, verdict.keyword, round(time.monotonic() - started, 3),
         Call("POST", CHAT, case.body).excerpt(), answer.excerpt(),
-        answer.same() if case.family != "params" and not answer.problem else {},
+        answer.same() if case.family != "params" and not answer.problem else {}, request_id,
     )  # fmt: skip
 
 
@@ -130,6 +131,10 @@ def send_suite(
     limits = httpx.Limits(max_connections=(concurrency or 1) + 4, max_keepalive_connections=(concurrency or 1) + 4)
     results: list[Result] = []
     total = len(cases) * (2 if concurrency else 1)
+    suite = uuid.uuid4().hex[:8]  # this sending's requests, apart from any other's in the engine's log
+
+    def request_id(load: str, index: int) -> str:
+        return f"k3deploy-conformance-{suite}-{load}-{index}"
 
     def note(result: Result) -> None:
         results.append(result)
@@ -138,15 +143,17 @@ def send_suite(
             progress(f"{len(results)}/{total} requests judged, {failed} failed (last: {result.where()})")
 
     with httpx.Client(base_url=base_url, limits=limits) as http:
-        for case in cases:
+        for index, case in enumerate(cases):
             if stop is not None and stop.is_set():
                 return results
-            note(ask(http, case, ALONE, timeout))
+            note(ask(http, case, ALONE, timeout, request_id(ALONE, index)))
         if concurrency:
-            ordered = sorted(cases, key=lambda case: not case.stream)  # the streams first: many open at once
+            ordered = sorted(enumerate(cases), key=lambda pair: not pair[1].stream)  # the streams first
 
-            def one(case: c.Case) -> Result | None:
-                return None if stop is not None and stop.is_set() else ask(http, case, LOAD, timeout)
+            def one(pair: tuple[int, c.Case]) -> Result | None:
+                index, case = pair
+                return None if stop is not None and stop.is_set() else ask(http, case, LOAD, timeout,
+                                                                            request_id(LOAD, index))  # fmt: skip
 
             with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="k3deploy-conformance") as pool:
                 for result in pool.map(one, ordered):

@@ -370,6 +370,13 @@ def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_th
         assert launch(config=clean).data["started"] == {"local0": True, "local1": True}  # adopted
         passed = conformance_stage(config=clean)
         assert passed.verdict == "pass" and all(f.ok for f in passed.findings), failure_lines(passed.findings)
+        # every request named by its own X-Request-Id, and the stage's report names each case's
+        cases = json.loads(Path(passed.data["report"]).read_text())["cases"]
+        assert (
+            sorted(proxy.request_ids) == sorted(c["request_id"] for c in cases)
+            and len(set(proxy.request_ids)) == len(cases)
+            and all(i.startswith("k3deploy-conformance-") for i in proxy.request_ids)
+        )
         for fault, under_load, subject, words in PROXY_FAULTS:
             proxy.faults = fault
             with pytest.raises(ConformanceStageFailed) as failed:
