@@ -18,6 +18,12 @@ def recording(variant: str, check: str) -> dict[str, Any]:
     return json.loads((DATA / VLLM / variant / f"{name}.json").read_text())
 
 
+def sent(call: Call) -> dict[str, Any]:
+    """The request as recorded: smoke sends no X-Request-Id (the recordings predate the field)."""
+    assert not call.request_id, call
+    return {k: v for k, v in asdict(call).items() if k != "request_id"}
+
+
 def replay(check: str, document: dict[str, Any], **context: Any) -> Outcome:
     """Drive the check with the recorded replies; each request it makes must be the one recorded."""
     ctx = Context(**(document["context"] | context))
@@ -27,10 +33,10 @@ def replay(check: str, document: dict[str, Any], **context: Any) -> Outcome:
         for recorded in document["steps"]:
             answer: Reply | list[Reply]
             if "burst" in recorded:
-                assert isinstance(step, Burst) and [asdict(c) for c in step.calls] == recorded["burst"]
+                assert isinstance(step, Burst) and [sent(c) for c in step.calls] == recorded["burst"]
                 answer = [Reply(**r) for r in recorded["replies"]]
             else:
-                assert isinstance(step, Call) and asdict(step) == recorded["call"], (asdict(step), recorded["call"])
+                assert isinstance(step, Call) and sent(step) == recorded["call"], (sent(step), recorded["call"])
                 answer = Reply(**recorded["reply"])
             step = steps.send(answer)
     except StopIteration as done:

@@ -24,6 +24,7 @@ from k3deploy.tasks.endpoints import service_url
 from k3deploy.tasks.smoke.checks import CHECKS, Burst, Call, Reply
 from k3deploy.tasks.smoke.driver import run_check
 from k3deploy.tasks.smoke.steps import context
+from tests.smoke_replay import sent
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,10 +48,10 @@ def main() -> None:
             def keep(step: Call | Burst, answer: Reply | list[Reply], steps: list[dict[str, Any]] = steps) -> None:
                 if isinstance(step, Burst):
                     replies = answer if isinstance(answer, list) else [answer]
-                    steps.append({"burst": [dataclasses.asdict(c) for c in step.calls],
+                    steps.append({"burst": [sent(c) for c in step.calls],
                                   "replies": [dataclasses.asdict(r) for r in replies]})  # fmt: skip
                 else:
-                    steps.append({"call": dataclasses.asdict(step), "reply": dataclasses.asdict(answer)})
+                    steps.append({"call": sent(step), "reply": dataclasses.asdict(answer)})
 
             row = run_check(http, check, ctx, cfg.smoke.request_timeout_s, keep)
             name = check.name.replace(" + ", "-").replace(" ", "-")
