@@ -12,6 +12,7 @@ from k3deploy.blocks._types import StrictBlock
 from k3deploy.blocks.accuracy import AccuracyConfig
 from k3deploy.blocks.alerts import AlertsConfig
 from k3deploy.blocks.bench import BenchConfig
+from k3deploy.blocks.capacity import CapacityConfig
 from k3deploy.blocks.checks import config_problems
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.conformance import ConformanceConfig
@@ -19,6 +20,7 @@ from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
 from k3deploy.blocks.smoke import SmokeConfig
+from k3deploy.blocks.soak import SoakConfig
 from k3deploy.core.errors import ConfigError
 
 # Settings that do not change what runs on the nodes: left out of the servers' fingerprint.
@@ -26,6 +28,8 @@ NOT_SERVING: dict[str, Any] = {
     "smoke": True,
     "conformance": True,
     "bench": True,
+    "capacity": True,
+    "soak": True,
     "accuracy": True,
     "alerts": True,
     "serve": {"readiness", "liveness"},
@@ -48,6 +52,10 @@ class DeploymentConfig(StrictBlock):
         default_factory=ConformanceConfig, description="The served API against the Kimi-K3 contract."
     )
     bench: BenchConfig = Field(default_factory=BenchConfig, description="vllm bench serve parameters.")
+    capacity: CapacityConfig = Field(
+        default_factory=CapacityConfig, description="The highest concurrency that holds the SLOs, found by search."
+    )
+    soak: SoakConfig = Field(default_factory=SoakConfig, description="Steady load for hours, judged for drift.")
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig, description="Accuracy evaluators.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Who hears of a failed or REGRESSED run.")
 

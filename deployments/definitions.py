@@ -21,7 +21,7 @@ from prefect.workers.process import ProcessWorker
 
 from k3deploy.core.paths import runs_dir
 from k3deploy.flows.bisect import bisect
-from k3deploy.flows.registry import FINAL, STAGES
+from k3deploy.flows.registry import FINAL, STAGES, StageOptions
 from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import NIGHTLY, validate
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 POOL = "k3deploy"
 NIGHTLY_CRON = "30 1 * * *"
+SOAK_CRON = "0 2 * * 6"  # Saturday 02:00: hours of steady load when nobody needs the cluster
 TAGS = ["k3deploy"]
 
 
@@ -44,7 +45,8 @@ def deployments(
     cluster: str = "",
     shared: bool = False,
 ) -> list[RunnerDeployment]:
-    """nightly (validate on a cron), validate (the UI's form), stage-<name> (ad hoc), bisect, teardown.
+    """nightly (validate on a cron), validate (the UI's form), soak (weekly, with the soak), stage-<name> (ad hoc),
+    bisect, tune, teardown.
 
     A process worker runs each flow in a scratch folder: the runs start in `where` (relative paths of the
     config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
@@ -71,13 +73,25 @@ def deployments(
             **common,
         ),
     ]
+    out.append(
+        validate.to_deployment(
+            "soak",
+            schedules=[Cron(SOAK_CRON, timezone=timezone)],
+            parameters={"config": config, "stages": {"soak": True}},
+            description=f"The whole pipeline with the soak every week ({SOAK_CRON}, {timezone}): hours of steady "
+            "load, drift and memory judged; a Retry runs only the windows left.",
+            **common,
+        )
+    )
     for stage in STAGES:
         if stage.name == FINAL:
             continue
+        # a stage that is off unless a run asks (capacity, soak): its own deployment asks
+        switch = {"stages": {stage.name: True}} if stage.name in StageOptions.model_fields else {}
         out.append(
             validate.to_deployment(
                 f"stage-{stage.name}",
-                parameters={"config": config, "only": [stage.name], "keep_serving": True},
+                parameters={"config": config, "only": [stage.name], "keep_serving": True, **switch},
                 description=f"{stage.name} alone (after preflight), leaving a running service up: {stage.summary}.",
                 **common,
             )

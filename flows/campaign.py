@@ -26,9 +26,10 @@ from k3deploy.tasks.stage_run import error_cause
 
 @dataclass(frozen=True)
 class Event:
-    """What a listener hears: a stage, an experiment or a cell starting (no result, no outcome) or ending."""
+    """What a listener hears: a stage, an experiment or a cell starting (no result, no outcome) or ending; a long
+    stage's step done (a capacity probe, a soak window: `progress`, its line the outcome)."""
 
-    kind: Literal["stage", "experiment", "cell"]
+    kind: Literal["stage", "experiment", "cell", "progress"]
     name: str
     result: StageResult | None = None  # a stage's, when it ended
     outcome: str | None = None  # an experiment's or cell's one-line outcome, when it ended

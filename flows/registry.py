@@ -24,6 +24,16 @@ class StageOptions(BaseModel):
         default=False, description="models: hash every checkpoint file on every node, whatever manifests say."
     )
     fresh: bool = Field(default=False, description="comm: run the checks again even when a pass is recent.")
+    capacity: bool = Field(
+        default=False, description="capacity: search for the highest concurrency at the SLOs, even when the config's "
+        "capacity.enabled is false.",
+    )  # fmt: skip
+    soak: bool = Field(
+        default=False, description="soak: steady load for soak.minutes, even when the config's soak.enabled is false."
+    )
+    soak_restart: bool = Field(
+        default=False, description="soak: on a Retry, start the windows over instead of taking over those judged."
+    )
 
     def of(self, stage: Stage) -> dict[str, Any]:
         """The options `stage`'s flow takes, as its keyword arguments."""
@@ -72,6 +82,10 @@ STAGES: tuple[Stage, ...] = (
           "the Kimi-K3 API contract: tool calls vs their schemas, streamed and under load, usage, parameters",
           cached=True, inputs=("cluster", "models", "image", "serve", "conformance")),
     Stage("bench", "k3deploy.flows.bench:bench", "vllm bench serve: every request served, figures vs baselines"),
+    Stage("capacity", "k3deploy.flows.capacity:capacity",
+          "the highest concurrency holding the SLOs: probes by doubling, then bisection", options=("capacity",)),
+    Stage("soak", "k3deploy.flows.soak:soak", "steady load for hours in windows: failures at once, drift at the end",
+          options=("soak", "soak_restart")),
     Stage("accuracy", "k3deploy.flows.accuracy:accuracy", "lm_eval and AISBench scores, samples accounted for"),
     Stage("teardown", "k3deploy.flows.teardown:teardown", "nothing of the run left running", alone=("run_id",)),
 )  # fmt: skip

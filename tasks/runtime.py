@@ -60,6 +60,11 @@ class Runtime(Protocol):
         """Stop and remove every server carrying these labels; the names removed."""
         ...
 
+    def memory(self, handle: str) -> int | None:
+        """Bytes the server holds now: its process group's resident memory, or its container's memory use; None
+        when it has ended or the engine does not say."""
+        ...
+
     def names(self, labels: Mapping[str, str]) -> list[str]:
         """Servers (running or not) carrying these labels."""
         ...
@@ -131,6 +136,14 @@ class DockerRuntime:
 
     def remove(self, labels: Mapping[str, str]) -> list[str]:
         return remove_labelled(self.client, self.node, labels)
+
+    def memory(self, handle: str) -> int | None:
+        try:
+            stats = self.client.api.stats(handle, stream=False)
+        except (docker.errors.APIError, requests.exceptions.RequestException, OSError):
+            return None
+        usage = (stats.get("memory_stats") or {}).get("usage")
+        return usage if isinstance(usage, int) and usage > 0 else None
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         return [c.name for c in labelled(self.client, labels)]
@@ -215,6 +228,20 @@ def group_members(pgid: str) -> str:
     """POSIX sh: the live (not zombie) processes of process group `pgid`, one `pid args` line each."""
     keep = "'$2 == g && $3 !~ /^Z/ {$2 = $3 = \"\"; print}'"
     return f"ps -e -o pid= -o pgid= -o stat= -o args= | awk -v g={pgid} {keep}"
+
+
+def group_rss_script(folder: str) -> str:
+    """POSIX sh: the resident KiB of every live process in the group the folder's pid file leads (the server,
+    its engine cores, their workers), summed; nothing when it has ended."""
+    where = shlex.quote(folder)
+    keep = "'$1 == g && $2 !~ /^Z/ {s += $3; n++} END {if (n) print s}'"
+    return f'p=$(cat {where}/pid) && kill -0 "$p" 2>/dev/null && ps -e -o pgid= -o stat= -o rss= | awk -v g="$p" {keep}'
+
+
+def parse_group_rss(text: str) -> int | None:
+    """group_rss_script's answer in bytes; None when the group has ended."""
+    value = text.strip()
+    return int(value) * 1024 if value.isdigit() and int(value) > 0 else None
 
 
 LEFT_MARK = "k3deploy: still running:"
@@ -373,6 +400,10 @@ class ProcessRuntime:
 
     def names(self, labels: Mapping[str, str]) -> list[str]:
         return [s.name for s in self._mine(labels)]
+
+    def memory(self, handle: str) -> int | None:
+        read = self.transport.run(group_rss_script(self._folder(handle)), timeout=60)
+        return parse_group_rss(read.stdout) if read.exit_code == 0 else None
 
     def live(self, handle: str) -> LiveServer | None:
         read = self.transport.run(proc_read_script(self._folder(handle)), timeout=60)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-STAGES = ["preflight", "models", "comm", "image", "launch", "smoke", "conformance", "bench", "accuracy", "teardown"]
+STAGES = ["preflight", "models", "comm", "image", "launch", "smoke", "conformance", "bench", "capacity", "soak",
+          "accuracy", "teardown"]  # fmt: skip
 
 
 def k3deploy_run(config: str | Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

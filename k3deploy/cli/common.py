@@ -51,10 +51,15 @@ def _stage_flag(field: str, flag: str) -> Any:
 Fresh = Annotated[bool, _stage_flag("fresh", "--fresh")]
 NoDownload = Annotated[bool, _stage_flag("download", "--no-download")]
 FullVerify = Annotated[bool, _stage_flag("full_verify", "--full-verify")]
+Capacity = Annotated[bool, _stage_flag("capacity", "--capacity")]
+Soak = Annotated[bool, _stage_flag("soak", "--soak")]
+SoakRestart = Annotated[bool, _stage_flag("soak_restart", "--soak-restart")]
 
 
-def stage_options(fresh: bool, no_download: bool, full_verify: bool) -> StageOptions:
-    return StageOptions(fresh=fresh, download=not no_download, full_verify=full_verify)
+def stage_options(fresh: bool, no_download: bool, full_verify: bool, capacity: bool = False, soak: bool = False,
+                  soak_restart: bool = False) -> StageOptions:  # fmt: skip
+    return StageOptions(fresh=fresh, download=not no_download, full_verify=full_verify, capacity=capacity, soak=soak,
+                        soak_restart=soak_restart)  # fmt: skip
 
 
 VERBOSE = {"on": False}  # --verbose, set by the app's callback before any command runs

@@ -36,7 +36,7 @@ def deploy(
         ),
     ] = False,
 ) -> None:
-    """Create or update the work pool and the deployments: nightly, validate, stage-<name>, teardown.
+    """Create or update the work pool and the deployments: nightly, validate, soak (weekly), stage-<name>, teardown.
 
     Their runs start in this folder (relative config paths resolve as here) and keep their records in
     this runs store; workers on other hosts need both paths, shared.

@@ -31,7 +31,9 @@ class Progress:
         self.console = console
 
     def __call__(self, event: Event) -> None:
-        if event.kind != "stage":
+        if event.kind == "progress":  # a capacity probe, a soak window: the window, the time left, its figures
+            self.console.print(f"  · {event.outcome}", markup=False, highlight=False)
+        elif event.kind != "stage":
             mark = "■■" if event.ended else "▶▶"
             said = f": {event.outcome}" if event.ended else ""
             self.console.print(f"[bold]{mark} {event.kind} {event.name}[/]{said}", highlight=False)

@@ -12,6 +12,7 @@ import click
 import typer
 
 from k3deploy.cli.common import (
+    Capacity,
     ConfigPath,
     Format,
     FormatOption,
@@ -19,6 +20,8 @@ from k3deploy.cli.common import (
     FullVerify,
     NoDownload,
     RunsDir,
+    Soak,
+    SoakRestart,
     err,
     finish,
     flow_log,
@@ -69,12 +72,15 @@ def run(
     fresh: Fresh = False,
     no_download: NoDownload = False,
     full_verify: FullVerify = False,
+    capacity: Capacity = False,
+    soak: Soak = False,
+    soak_restart: SoakRestart = False,
     baseline_run: Annotated[
         str | None, typer.Option("--baseline-run", help="Also judge the figures against this run's (an id or prefix).")
     ] = None,
     runs_dir: RunsDir = None,
 ) -> None:
-    """Run the whole pipeline (validate): preflight → … → launch → smoke → bench → accuracy → teardown."""
+    """Run the whole pipeline (validate): preflight → … → launch → smoke → … → bench → accuracy → teardown."""
     from k3deploy.flows.registry import select
     from k3deploy.flows.run_options import BenchOptions
 
@@ -93,7 +99,7 @@ def run(
             config=source,
             only=tuple(only or ()),
             from_stage=start or "preflight",
-            stages=stage_options(fresh, no_download, full_verify),
+            stages=stage_options(fresh, no_download, full_verify, capacity, soak, soak_restart),
             bench=BenchOptions(baseline_run=baseline_run or ""),
             keep_serving=keep_serving,
             return_state=True,
@@ -127,6 +133,9 @@ def rerun(
     fresh: Fresh = False,
     no_download: NoDownload = False,
     full_verify: FullVerify = False,
+    capacity: Capacity = False,
+    soak: Soak = False,
+    soak_restart: SoakRestart = False,
     teardown_after: Annotated[bool, typer.Option("--teardown-after", help="launch: remove it once ready.")] = False,
     fmt: FormatOption = Format.text,
     runs_dir: RunsDir = None,
@@ -148,7 +157,7 @@ def rerun(
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     cfg = load(config)
-    options = stage_options(fresh, no_download, full_verify).of(chosen)
+    options = stage_options(fresh, no_download, full_verify, capacity, soak, soak_restart).of(chosen)
     if "teardown_after" in chosen.alone:
         options["teardown_after"] = teardown_after
     _run_one(chosen.name, flow_source(config), cfg, options, fmt)

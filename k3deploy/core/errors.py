@@ -202,6 +202,19 @@ class BenchStageFailed(StageFailed):
     failure_class = "engine"
 
 
+class CapacityStageFailed(StageFailed):
+    """The capacity search could not conclude (a probe that is no evidence), nothing held the SLOs, or the capacity
+    found is below capacity.min_concurrency."""
+
+    failure_class = "engine"
+
+
+class SoakStageFailed(StageFailed):
+    """A soak window failed (a request, a rank, a fatal line), or its latency, throughput or memory drifted."""
+
+    failure_class = "engine"
+
+
 class AccuracyStageFailed(StageFailed):
     """An evaluator failed, lost samples, or its score is off its baseline."""
 

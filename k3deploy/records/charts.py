@@ -39,9 +39,12 @@ def line_chart(
     y_label: str,
     band: tuple[float, float] | None = None,
     x_ticks: Sequence[str] | None = None,
+    limits: Sequence[tuple[str, float]] = (),
+    marks: Sequence[tuple[str, float]] = (),
 ) -> str:
-    """Lines with their points; `band` shades the range a value may fall in (the baseline band); ''
-    without points."""
+    """Lines with their points; `band` shades the range a value may fall in (the baseline band); `limits` are
+    dashed horizontal lines (an SLO), `marks` dotted vertical ones (an answer, a failing window); '' without
+    points."""
     points = [p for _, pts in series for p in pts]
     if not points:
         return ""
@@ -53,6 +56,10 @@ def line_chart(
             ordered = sorted(pts)
             ax.plot([x for x, _ in ordered], [y for _, y in ordered], color=COLOURS[i % len(COLOURS)],
                     linewidth=2.5, marker="o", markersize=5, label=label, zorder=2)  # fmt: skip
+        for i, (label, y) in enumerate(limits):
+            ax.axhline(y, color=COLOURS[i % len(COLOURS)], linestyle="--", linewidth=1.2, label=label, zorder=1)
+        for label, x in marks:
+            ax.axvline(x, color="#333333", linestyle=":", linewidth=1.5, label=label, zorder=1)
         xs = sorted({x for x, _ in points})
         ax.set_xticks(xs, list(x_ticks) if x_ticks else [f"{x:g}" for x in xs])
         if min(y for _, y in points) >= 0:

@@ -40,6 +40,8 @@ BENCH_METRICS = (
     "mean_output_tokens",  # without --ignore-eos only: judged by LENGTH_TOLERANCE both ways, not as a speed
 )
 OUTPUT_LENGTH = "mean_output_tokens"
+CAPACITY = "capacity"  # the capacity search's answer, a figure of its own: "capacity at p99 TTFT ≤ 2000 ms, …"
+CAPACITY_ANSWERS = ("found", "ceiling", "saturated")  # a search that ran out of probes or minutes is a bound only
 LENGTH_TOLERANCE = 0.10  # MLPerf Inference TEST09: the mean output length within ±10 % of the reference
 # What defines "the same deployment" across runs; everything else a regression may be blamed on.
 FAMILY_KEYS = (
@@ -70,6 +72,7 @@ class Figure:
     value: float  # a cell's median over its runs
     higher_is_better: bool
     best: float | None = None  # the best of the cell's runs, when it ran more than once
+    floor: float = 0.0  # a change this small is never a regression (the capacity search's resolution)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,10 @@ def figures(record: RunRecord) -> dict[str, Figure]:
                 spread = c.get("spread", {}).get(metric) if c.get("repeats", 1) > 1 else None
                 best = (max(spread) if better else min(spread)) if spread else None
                 out[key] = Figure(key, float(value), better, best)
+    capacity = record.capacity
+    if capacity is not None and capacity.ending in CAPACITY_ANSWERS:
+        key = f"{CAPACITY} at {capacity.slo}"
+        out[key] = Figure(key, float(capacity.concurrency), True, floor=float(capacity.resolution))
     accuracy = record.stage("accuracy")
     for score in accuracy.data.get("scores", []) if accuracy else []:
         key = f"accuracy {score['evaluator']} {score['dataset']} {score['metric']}"
@@ -198,7 +205,7 @@ def judge(figure: Figure, history: Sequence[float]) -> MetricVerdict:
         return MetricVerdict(figure.key, figure.value, RegressionVerdict.INCONCLUSIVE, why, history=tuple(history))
     median = statistics.median(history)
     mad = statistics.median(abs(v - median) for v in history)
-    tolerance = max(MAD_FACTOR * 1.4826 * mad, RELATIVE_FLOOR * abs(median))
+    tolerance = max(MAD_FACTOR * 1.4826 * mad, RELATIVE_FLOOR * abs(median), figure.floor)
     low, high = median - tolerance, median + tolerance
     worse = (median - figure.value) if figure.higher_is_better else (figure.value - median)
     worst_seen = min(history) if figure.higher_is_better else max(history)
@@ -324,10 +331,13 @@ def compare(
     series = [figures(r) for r in history]
     base_figures = figures(baseline) if baseline is not None else {}
     have = figures(record)
-    held_by = Counter(key for s in series for key in s)
+    # a capacity is judged against earlier answers at the same SLOs; a run that did not search (not asked), searched
+    # at other SLOs or ran out of probes is not missing one (the capacity stage's own verdict covers its failures)
+    held_by = Counter(key for s in series for key in s if key in have or not key.startswith(CAPACITY))
     expected = {key: "every bench cell" for key in headline_keys(record)}
     expected |= {key: f"{n} earlier passing run(s)" for key, n in held_by.items()}
-    expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures if baseline is not None}
+    expected |= {key: f"baseline run {baseline.run_id[:8]}" for key in base_figures
+                 if baseline is not None and (key in have or not key.startswith(CAPACITY))}  # fmt: skip
     verdicts: list[MetricVerdict] = invalid_cells(record) + missing(have, expected)
     for key, figure in sorted(have.items()):
         if key.endswith(OUTPUT_LENGTH):
@@ -339,6 +349,8 @@ def compare(
             factor = 1 + RELATIVE_FLOOR if not figure.higher_is_better else 1 - RELATIVE_FLOOR
             if spread.median:
                 factor = (spread.low if figure.higher_is_better else spread.high) / spread.median  # type: ignore[operator]
+            if figure.floor and base_figures[key].value:  # within one step of the baseline run's answer
+                factor = min(factor, 1 - figure.floor / base_figures[key].value)
             verdicts.append(
                 judge_baseline(figure, base_figures[key].value, factor, f"baseline run {baseline.run_id[:8]}")  # type: ignore[union-attr]
             )

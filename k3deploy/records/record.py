@@ -63,6 +63,31 @@ class ConformanceFigures(BaseModel):
     only_under_load: list[str] = Field(description="cases that failed under load and passed alone")
 
 
+class CapacityFigures(BaseModel):
+    """The capacity stage's answer (tasks/bench/capacity.py); every probe is in its stage data."""
+
+    concurrency: int = Field(ge=0, description="The highest concurrency at which every SLO held (0: none).")
+    ending: str = Field(description="How the search ended: found, ceiling, saturated, probes spent, …")
+    slo: str = Field(description="The SLOs as words: 'p99 TTFT ≤ 2000 ms, p99 TPOT ≤ 100 ms, goodput ≥ 95%'.")
+    line: str = Field(description="The answer as a sentence.")
+    below: int | None = Field(default=None, description="The probe at the answer.")
+    above: int | None = Field(default=None, description="The lowest probe above it that did not hold.")
+    resolution: int = Field(default=1, ge=1, description="How close the bisection brought below and above.")
+    probes: int = Field(ge=0)
+
+
+class SoakFigures(BaseModel):
+    """How far the soak got and what drifted (tasks/bench/soak.py); every window is in its stage data."""
+
+    windows: int = Field(ge=0, description="Windows judged, those taken over from an earlier attempt included.")
+    minutes: float = Field(ge=0, description="Minutes of load in those windows.")
+    planned_minutes: float = Field(gt=0, description="soak.minutes")
+    requests: int = Field(ge=0)
+    resumed_windows: int = Field(default=0, ge=0, description="Windows an earlier attempt of the run had judged.")
+    drifted: list[str] = Field(default_factory=list, description="Drift checks that failed: latency, speed, memory.")
+    not_judged: list[str] = Field(default_factory=list, description="Checks too few windows or readings could judge.")
+
+
 class RunRecord(BaseModel):
     """Everything one validate run saw and concluded; secrets are never part of it."""
 
@@ -83,6 +108,8 @@ class RunRecord(BaseModel):
     image: ImageProvenance | None = None
     plan: dict[str, Any] | None = Field(default=None, description="The rendered launch plan (what ran).")
     conformance: ConformanceFigures | None = Field(default=None, description="The served API against the K3 contract.")
+    capacity: CapacityFigures | None = Field(default=None, description="The highest concurrency holding the SLOs.")
+    soak: SoakFigures | None = Field(default=None, description="The soak's windows and drift.")
     stages: list[StageResult]
     cluster_hours: float = Field(default=0.0, ge=0, description="Node-hours the run held the cluster for its stages.")
     saved_cluster_hours: float = Field(
@@ -244,6 +271,8 @@ def build_record(
     launch = by_name.get("launch")
     conformance = by_name.get("conformance")
     figures = conformance.data.get("figures") if conformance else None
+    capacity = by_name.get("capacity")
+    soak = by_name.get("soak")
     return RunRecord(
         run_id=run_id,
         run_name=run_name,
@@ -264,6 +293,10 @@ def build_record(
         image=ImageProvenance.model_validate(image.data) if image and image.data.get("image_id") else None,
         plan=launch.data.get("plan") if launch else None,
         conformance=ConformanceFigures.model_validate(figures) if figures else None,
+        capacity=CapacityFigures.model_validate(capacity.data["figures"])
+        if capacity and "figures" in capacity.data
+        else None,
+        soak=SoakFigures.model_validate(soak.data["figures"]) if soak and "figures" in soak.data else None,
         stages=stages,
         cluster_hours=round(sum(s.node_seconds for s in stages) / 3600, 4),
         saved_cluster_hours=round(sum(s.saved_node_seconds for s in stages) / 3600, 4),

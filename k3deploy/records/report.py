@@ -17,6 +17,7 @@ from markupsafe import Markup
 
 from k3deploy.records.charts import line_chart
 from k3deploy.records.history import BENCH_METRICS, Comparison, bench_cells, figures
+from k3deploy.records.load_report import capacity_charts, capacity_rows, drift_rows, soak_charts, soak_rows
 from k3deploy.records.record import RunRecord
 
 VERDICT_COLOURS = {
@@ -152,11 +153,24 @@ def markdown(record: RunRecord, comparison: Comparison | None, links: dict[str, 
     if record.stage("conformance") is not None:
         lines += ["## Conformance", "", *_md_table(conformance_rows(record)), ""]
     lines += ["## Bench", "", *_md_table(bench_rows(record))]
+    if record.capacity is not None:
+        lines += ["", "## Capacity", "", f"{record.capacity.line}.", "", *_md_table(capacity_rows(record))]
+    if record.soak is not None:
+        lines += ["", "## Soak", "", _soak_line(record), "", *_md_table(soak_rows(record))]
+        lines += ["", *_md_table(drift_rows(record))] if drift_rows(record) else []
     lines += ["", "## Accuracy", "", *_md_table(accuracy_rows(record))]
     if comparison is not None:
         lines += ["", "## Against history and baselines", "", *_md_table(comparison_rows(comparison))]
     lines += ["", "## Files", ""] + [f"- {name}: [{target}]({target})" for name, target in links.items()]
     return "\n".join(lines) + "\n"
+
+
+def _soak_line(record: RunRecord) -> str:
+    s = record.soak
+    assert s is not None
+    said = f"{s.windows} window(s), {s.minutes:g} of {s.planned_minutes:g} min, {s.requests} requests"
+    said += f" ({s.resumed_windows} taken over from an earlier attempt)" if s.resumed_windows else ""
+    return said + (f"; drifted: {', '.join(s.drifted)}" if s.drifted else "") + "."
 
 
 # -- charts and the page -------------------------------------------------------------------------
@@ -221,6 +235,11 @@ def html_page(
         record=record, comparison=comparison, colours=VERDICT_COLOURS, links=links,
         stages=stage_rows(record), bench=bench_rows(record), accuracy=accuracy_rows(record),
         conformance=conformance_rows(record),
+        capacity=capacity_rows(record) if record.capacity else [],
+        capacity_charts=[Markup(c) for c in capacity_charts(record)],
+        soak=soak_rows(record) if record.soak else [], drift=drift_rows(record),
+        soak_line=_soak_line(record) if record.soak else "",
+        soak_charts=[Markup(c) for c in soak_charts(record)],
         comparison_rows=comparison_rows(comparison),
         concurrency_charts=[Markup(c) for c in concurrency_charts(record)],
         history_charts=[Markup(c) for c in history_charts(record, comparison, history)] if comparison else [],

@@ -29,14 +29,7 @@ class Sweep:
     findings: list[Finding] = field(default_factory=list)
 
     def measure(self, cfg: DeploymentConfig, plan: Plan, folder: Path, stop: threading.Event) -> None:
-        draft = speculative_config(cfg)
-        tokens = (draft or {}).get("num_speculative_tokens")
-        reference = cfg.bench.speculative_reference.get(tokens) if tokens else None
-        serving = Serving(cfg.serve.enable_prefix_caching, drafting=draft is not None,
-                          num_prompts=cfg.bench.num_prompts, model=cfg.serve.served_model_name,
-                          output_len=cfg.bench.random_output_len if cfg.bench.ignore_eos else None,
-                          range_ratio=cfg.bench.random_range_ratio,
-                          acceptance_reference=reference)  # fmt: skip
+        serving = served(cfg)
         for workload, concurrency in planned_runs(cfg):
             done: list[BenchRun] = []
             resumed = 0
@@ -59,6 +52,17 @@ class Sweep:
                 seen = "missing" if c.value is None else f"{c.value:g}"
                 self.findings.append(Finding(subject, f"{c.metric} vs baseline", c.ok, f"{seen} {c.rule}"))
             self.rows.append(row(judged, comparisons, f"{resumed}/{judged.repeats}", done[0].speculative))
+
+
+def served(cfg: DeploymentConfig) -> Serving:
+    """What a cell of this config is judged against: the server's settings and the bench plan's."""
+    draft = speculative_config(cfg)
+    tokens = (draft or {}).get("num_speculative_tokens")
+    reference = cfg.bench.speculative_reference.get(tokens) if tokens else None
+    return Serving(cfg.serve.enable_prefix_caching, drafting=draft is not None, num_prompts=cfg.bench.num_prompts,
+                   model=cfg.serve.served_model_name,
+                   output_len=cfg.bench.random_output_len if cfg.bench.ignore_eos else None,
+                   range_ratio=cfg.bench.random_range_ratio, acceptance_reference=reference)  # fmt: skip
 
 
 def settings(cfg: DeploymentConfig) -> dict[str, Any]:

@@ -257,6 +257,16 @@ def hold_while_hanging(controls: Controls) -> None:
         time.sleep(TICK_S * 2)
 
 
+LEAKED: list[bytes] = []  # what K3SIM_LEAK_MB_PER_REQUEST keeps: never freed while the process lives
+
+
+def leak(controls: Controls) -> None:
+    """K3SIM_LEAK_MB_PER_REQUEST: each request a rank answers keeps that many MiB, written (so resident), for good."""
+    mib = controls.number("K3SIM_LEAK_MB_PER_REQUEST", 0.0) or 0.0
+    if mib > 0:
+        LEAKED.append(b"\x01" * int(mib * 1024 * 1024))
+
+
 def pace(controls: Controls, tokens: int) -> None:
     """Hold while K3SIM_HANG is set, then take K3SIM_TOKEN_S per token."""
     hold_while_hanging(controls)
@@ -626,6 +636,7 @@ class Coordinator:
             if dead:
                 threading.Event().wait()
         if rank in self.local_ranks:
+            leak(self.controls)
             pace(self.controls, tokens)
             return
         hold_while_hanging(self.controls)
@@ -681,6 +692,7 @@ def headless(args: argparse.Namespace, controls: Controls, max_len: int) -> None
     send_json(sock, lock, {"op": "ready", "ranks": ranks})
 
     def answer(msg: dict[str, Any]) -> None:
+        leak(controls)
         pace(controls, int(msg.get("tokens", 0)))
         send_json(sock, lock, {"op": "result", "id": msg.get("id")})
 

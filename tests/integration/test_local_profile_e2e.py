@@ -35,16 +35,24 @@ from k3deploy.core.paths import runs_dir
 from k3deploy.core.stage import failure_lines
 from k3deploy.flows.accuracy import accuracy as accuracy_stage
 from k3deploy.flows.bench import bench as bench_stage
+from k3deploy.flows.capacity import capacity as capacity_stage
 from k3deploy.flows.conformance import conformance as conformance_stage
 from k3deploy.flows.launch import launch
+from k3deploy.flows.soak import soak as soak_stage
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
 from k3deploy.localprofile import checkpoint as ck
+from k3deploy.records.load_report import capacity_charts
 from k3deploy.records.record import SCHEMA_PATH, build_record
 from k3deploy.records.report import markdown
+from k3deploy.tasks.bench.capacity_probes import probe_config
+from k3deploy.tasks.bench.cells import cell
+from k3deploy.tasks.bench.steps import run_bench
+from k3deploy.tasks.bench.sweep import served as served_by
 from k3deploy.tasks.conformance.cases import usage_bodies
 from k3deploy.tasks.conformance.prompt_tokens import PromptCounter
 from k3deploy.tasks.conformance.steps import expected_counts
+from k3deploy.tasks.render import render_plan
 from k3deploy.tasks.tool_call import QUESTION, TOOL_SCHEMA
 from tests import conformance_proxy
 from tests.bedconfig import write_config
@@ -145,9 +153,18 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
     assert len(progress) == 2 * len(RUN_STAGES), out.stderr  # one start and one end line per stage, nothing else
     assert [line.split()[1] for line in progress[1::2]] == RUN_STAGES
     assert [row[:2] for row in table_rows(out.stdout)] == [
-        [stage, {"accuracy": "not-applicable", "teardown": "skipped"}.get(stage, "pass")] for stage in STAGES
+        [
+            stage,
+            {
+                "capacity": "not-applicable",
+                "soak": "not-applicable",
+                "accuracy": "not-applicable",
+                "teardown": "skipped",
+            }.get(stage, "pass"),
+        ]
+        for stage in STAGES
     ]
-    assert len(out.stdout.splitlines()) <= 34, out.stdout  # the table and where the record, log and report are
+    assert len(out.stdout.splitlines()) <= 40, out.stdout  # the table and where the record, log and report are
     log = log_file(out.stdout)
     assert log.parent.parent == tmp_path / "runs" and log.name == "prefect.log"
     text = log.read_text()
@@ -164,6 +181,8 @@ def test_the_local_profile_passes_every_stage_and_the_real_server_parses_tools_a
         "smoke": "pass",
         "conformance": "pass",
         "bench": "pass",
+        "capacity": "not-applicable",  # not asked (--capacity): its tests below ask
+        "soak": "not-applicable",
         "accuracy": "not-applicable",  # no evaluator in the profile (the accuracy test below runs both)
         "teardown": "skipped",  # keep_serving
     }
@@ -388,6 +407,95 @@ def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_th
                 assert proxy.most_open > 4  # the load pass had more streams open than the fault's limit
     finally:
         proxy.shutdown()
+
+
+def median_ttft_sweep(config: str, folder: Path, levels: range) -> dict[int, float]:
+    """The capacity stage's own probes (same config) at every concurrency of `levels`: their median TTFT."""
+    cfg = load_config(config)
+    plan = render_plan(cfg)
+    out = {}
+    for c in levels:
+        probe_cfg = probe_config(cfg, c)
+        run = run_bench(probe_cfg, plan, "random", c, folder)
+        judged = cell([run], probe_cfg.bench.validity, served_by(probe_cfg), probe_cfg.bench.baselines)
+        assert judged.valid, judged.reasons
+        out[c] = judged.figures["median_ttft_ms"]
+    return out
+
+
+@pytest.mark.bench
+def test_the_capacity_search_finds_the_answer_a_sweep_of_the_same_config_gives_within_one_step(
+    served: Served, tmp_path
+):
+    """A sweep of every concurrency from 1 to 6 (the stage's own probes) gives the median TTFT at each; the SLO is
+    set between the two levels the sweep separates best, so the answer is known: the search, measuring afresh,
+    lands within one step of it (a shared 2-core machine's noise is in both)."""
+    section = {"slo": {"percentile": 50, "ttft_ms": 10**6, "tpot_ms": None, "goodput": 0}, "start": 1,
+               "max_concurrency": 6, "prompts_per_concurrency": 6, "queue_share": 10, "ttft_growth": 100}  # fmt: skip
+    sweep = median_ttft_sweep(profile(tmp_path, {"capacity": section}), tmp_path / "sweep", range(1, 7))
+    # the split k | k+1 where every level up to k is below every level above it by the widest margin
+    splits = {k: min(v for c, v in sweep.items() if c > k) / max(v for c, v in sweep.items() if c <= k)
+              for k in range(1, 6)}  # fmt: skip
+    known, margin = max(splits.items(), key=lambda kv: kv[1])
+    assert margin > 1.0, f"no level of the sweep separates the ones below from the ones above: {sweep}"
+    limit = (max(v for c, v in sweep.items() if c <= known) * min(v for c, v in sweep.items() if c > known)) ** 0.5
+    config = profile(tmp_path, {"capacity": section | {"slo": section["slo"] | {"ttft_ms": round(limit, 3)}}})
+    assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted
+    result = capacity_stage(config=config, capacity=True)
+    answer = result.data["figures"]
+    assert abs(answer["concurrency"] - known) <= 1, (answer, sweep, limit)
+    assert answer["ending"] in ("found", "ceiling") and result.verdict == "pass"
+    probes = [p["concurrency"] for p in result.data["probes"]]
+    assert probes[:2] == [1, 2] and len(probes) <= 6  # doubling, then bisection: never the whole sweep again
+    record = build_record("capacity", None, load_config(config), [result], result.started_at, result.ended_at)
+    assert record.capacity is not None and record.capacity.concurrency == answer["concurrency"]
+    charts = capacity_charts(record)
+    assert charts and f"SLO p50 TTFT {round(limit, 3):g} ms" in charts[0]
+
+
+@pytest.mark.bench
+def test_a_probe_past_the_servers_slots_stops_the_search_there_named_by_the_engines_queue(served: Served, tmp_path):
+    """8 slots (2 ranks × max_num_seqs 4): from 8 in flight requests can wait in vLLM's queue (its own
+    vllm:request_queue_time_seconds counters; at 16 half of them must). The SLO holds everywhere; the search stops
+    at the first probe whose requests waited, names it, and runs nothing above it."""
+    section = {"slo": {"percentile": 50, "ttft_ms": 10**6, "tpot_ms": None, "goodput": 0}, "start": 4,
+               "max_concurrency": 64, "prompts_per_concurrency": 4}  # fmt: skip
+    config = profile(tmp_path, {"capacity": section})
+    result = capacity_stage(config=config, capacity=True)
+    probes = result.data["probes"]
+    levels = [p["concurrency"] for p in probes]
+    assert levels in ([4, 8], [4, 8, 16]), levels  # doubling from 4, and nothing above the saturated one
+    last = probes[-1]
+    assert last["saturated"] and all(p["saturated"] is None for p in probes[:-1])
+    assert f"in the engines' queues at concurrency {last['concurrency']} (vllm:request_queue_time_seconds)" in (
+        last["saturated"])  # fmt: skip
+    assert probes[0]["figures"]["mean_queue_ms"] < 0.25 * probes[0]["figures"]["median_ttft_ms"]  # 4 of 8 slots
+    answer = result.data["figures"]
+    assert answer["ending"] == "saturated" and answer["concurrency"] == last["concurrency"]  # the loose SLO held
+    assert f"over-saturated at concurrency {last['concurrency']}, so no probe above it ran" in result.data["why"]
+
+
+@pytest.mark.bench
+def test_a_soak_on_the_local_profile_passes_for_its_minutes_with_every_windows_figures_and_memory(
+    served: Served, tmp_path
+):
+    """Its tolerances are loose here: the other pytest worker loads this 2-core machine as it likes, and drift
+    of a real server is shown on the stand-in (tests/integration/test_soak_standin.py), where it is made to drift."""
+    drift = {"windows": 1, "latency": 3.0, "throughput": 0.75}
+    config = profile(tmp_path, {"soak": {"minutes": 0.4, "window_prompts": 16, "drift": drift}})
+    result = soak_stage(config=config, soak=True)
+    assert result.verdict == "pass", failure_lines(result.findings)
+    windows = result.data["windows"]
+    assert len(windows) >= 2 and sum(w["seconds"] for w in windows) >= 0.4 * 60
+    assert sum(w["seconds"] for w in windows[:-1]) < 0.4 * 60  # the last window is the one that spent the minutes
+    for w in windows:
+        assert w["valid"] and w["completed"] == 16 and w["figures"]["output_throughput"] > 0
+        assert set(w["memory"]) == {"local0 (DP rank 0)", "local1 (DP rank 1)"}
+        for reading in w["memory"].values():  # a real vLLM rank holds hundreds of MiB; the machine has free memory
+            assert reading["bytes"] > 200 * 2**20 and reading["free"] > 2**30 and reading["hbm_used"] is None
+    checks = {f"{r['subject']}: {r['check']}" for r in result.data["drift"]}
+    assert {"median TTFT: latency drift", "output throughput: throughput drift",
+            "local1 (DP rank 1): memory growth"} <= checks  # fmt: skip
 
 
 @pytest.mark.bench

@@ -115,7 +115,8 @@ def holder(config: str) -> str | None:
 def test_a_worker_runs_deployed_validate_and_a_second_run_on_the_cluster_waits_its_turn(worker, tmp_path):
     config = gated_standin(tmp_path)
     deployed = apply(config, worker)
-    assert {"nightly", "validate", "stage-models", "stage-launch", "bisect", "tune", "teardown"} <= set(deployed)
+    assert {"nightly", "validate", "soak", "stage-models", "stage-launch", "stage-capacity", "bisect", "tune",
+            "teardown"} <= set(deployed)  # fmt: skip
     first = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)
     wait_for("the first run to hold the cluster", lambda: holder(config) == str(first.id))
     second = run_deployment("validate/validate", parameters={"only": ["launch"]}, timeout=0)

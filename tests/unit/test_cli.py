@@ -163,7 +163,7 @@ def test_the_docs_configuration_reference_is_current():
 def test_rerun_names_the_stages_it_can_run():
     out = k3deploy("rerun", "-c", "x.yaml", "report")
     assert out.returncode == 2
-    stages = "preflight, models, comm, image, launch, smoke, conformance, bench, accuracy, teardown"
+    stages = "preflight, models, comm, image, launch, smoke, conformance, bench, capacity, soak, accuracy, teardown"
     assert f"unknown stage 'report'; stages: {stages}" in out.stderr
 
 

@@ -83,7 +83,9 @@ def _type_switches(node: object, path: str = "") -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["nightly", "validate", "stage-models", "bisect", "tune", "teardown"])
+@pytest.mark.parametrize(
+    "name", ["nightly", "validate", "soak", "stage-models", "stage-soak", "bisect", "tune", "teardown"]
+)
 def test_every_run_form_has_plain_described_controls_and_no_secret(name):
     from k3deploy.deployments.definitions import deployments
 
@@ -114,10 +116,23 @@ def test_validate_form_offers_the_stages_as_a_multi_select_and_a_dropdown():
 
 @pytest.mark.parametrize(
     ("only", "start", "expected"),
-    [((), "preflight", 9), (("bench",), "preflight", 2), ((), "launch", 6)],
+    [((), "preflight", 11), (("bench",), "preflight", 2), ((), "launch", 8)],
 )
 def test_the_forms_defaults_mean_every_stage(only, start, expected):
     from k3deploy.flows.validate import chosen_stages
 
     chosen = chosen_stages(only, start)
     assert len(chosen) == expected and chosen[0].name == "preflight"
+
+
+def test_the_weekly_soak_and_the_off_by_default_stages_own_deployments_ask_for_them():
+    """capacity and soak do not run unless a run asks: their deployments ask (a weekly soak, the stage alone)."""
+    from k3deploy.deployments.definitions import SOAK_CRON, deployments
+
+    made = {d.name: d for d in deployments(str(LOCAL))}
+    weekly = made["soak"]
+    assert weekly.parameters["stages"] == {"soak": True} and "only" not in weekly.parameters
+    assert [s.schedule.cron for s in weekly.schedules] == [SOAK_CRON]  # type: ignore[union-attr]
+    assert made["stage-soak"].parameters["stages"] == {"soak": True}
+    assert made["stage-capacity"].parameters["stages"] == {"capacity": True}
+    assert "stages" not in made["stage-bench"].parameters

@@ -43,6 +43,8 @@ def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
         "smoke",
         "conformance",
         "bench",
+        "capacity",
+        "soak",
         "accuracy",
         "teardown",
     ]
@@ -55,6 +57,8 @@ def test_the_registry_lists_each_stage_once_and_validate_ends_with_teardown():
         "smoke",
         "conformance",
         "bench",
+        "capacity",
+        "soak",
         "accuracy",
     ]
     # preflight, launch, smoke and bench always run; conformance is kept by what shapes the served API's answers
@@ -111,7 +115,9 @@ def test_each_stage_option_is_one_field_of_the_model_taken_by_its_flow_and_by_va
 def test_only_and_from_still_start_with_preflight():
     assert names(select(only=["image"])) == ["preflight", "image"]
     assert names(select(only=["launch", "models"])) == ["preflight", "models", "launch"]
-    assert names(select(start="image")) == ["preflight", "image", "launch", "smoke", "conformance", "bench", "accuracy"]
+    assert names(select(start="image")) == [
+        "preflight", "image", "launch", "smoke", "conformance", "bench", "capacity", "soak", "accuracy",
+    ]  # fmt: skip
     with pytest.raises(ValueError, match="unknown stage 'report'"):
         select(only=["report"])
     with pytest.raises(ValueError, match="either only or from"):
