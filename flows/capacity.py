@@ -36,9 +36,10 @@ def capacity(config: ConfigSource, capacity: bool = False) -> StageResult:
     search = Search()
     logger = get_run_logger()
 
-    def say(line: str) -> None:  # the log, and the CLI's progress
+    def say(line: str) -> None:  # the log, the CLI's progress, and the probes so far for the record however it ends
         logger.info("%s", line)
         tell(Event("progress", "capacity", outcome=line))
+        run.data = {"folder": str(folder), "slo": conf.slo.model_dump(), "probes": [as_dict(p) for p in search.probes]}
 
     logger.info("capacity: searching for the highest concurrency at %s, from %d up to %d", conf.slo.describe(),
                 conf.start, conf.max_concurrency)  # fmt: skip

@@ -61,7 +61,6 @@ class Search:
 
     probes: list[Probe] = field(default_factory=list)
     answer: Answer | None = None
-    progress: list[str] = field(default_factory=list)
 
     def measure(self, cfg: DeploymentConfig, plan: Plan, folder: Path, stop: threading.Event,
                 say: Callable[[str], None]) -> None:  # fmt: skip

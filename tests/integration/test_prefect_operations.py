@@ -28,6 +28,7 @@ from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.cli.rerun import retry
+from k3deploy.core.paths import runs_dir
 from k3deploy.deployments.definitions import apply
 from k3deploy.flows.cluster_lock import lock_name
 from k3deploy.flows.teardown import teardown
@@ -182,6 +183,40 @@ def test_cancelling_a_run_queued_for_the_cluster_leaves_the_holders_service_alon
     # shown is that its bench goes through, not how long 0.2 s a token takes
     (tmp_path / "control.json").write_text(json.dumps({"K3SIM_HANG": 0, "K3SIM_TOKEN_S": 0}))
     assert finished(first.id).state.type is StateType.COMPLETED  # and its bench went through
+    assert nothing_serving(tmp_path)
+
+
+@pytest.mark.faults
+@pytest.mark.bench
+def test_a_soak_cancelled_from_the_ui_keeps_its_windows_and_its_retry_runs_only_what_is_left(worker, tmp_path):
+    """Cancelled once two windows are judged: the worker kills the run and its hook tears the service down; the
+    judged windows stay in the run's folder. The Retry of the same run (from the pool, by the worker) takes them
+    over, marked resumed in its record, and runs only the minutes left."""
+    data = standin_profile(tmp_path)
+    data["soak"] = {"minutes": 0.6, "window_prompts": 8, "concurrency": 2,
+                    "drift": {"windows": 1, "latency": 3.0, "throughput": 0.9}}  # fmt: skip
+    config = write_config(tmp_path / "site.yaml", data)
+    apply(config, worker)
+    run = run_deployment("validate/validate", parameters={"only": ["launch", "soak"], "stages": {"soak": True}},
+                         timeout=0)  # fmt: skip
+
+    def judged() -> list[Path]:  # each window's memory reading: written once the window is judged
+        return sorted(runs_dir().glob(f"{run.id}/soak/*/random-c2*.memory.json"))
+
+    wait_for("two soak windows to be judged", lambda: len(judged()) >= 2)
+    cancel(run.id)
+    assert finished(run.id).state.type is StateType.CANCELLED
+    wait_for("the servers to be removed", lambda: nothing_serving(tmp_path))
+    kept = len(judged())
+    assert kept >= 2
+
+    again = retry(str(run.id))  # a deployment's run goes back to its pool: the worker runs it again
+    assert again.is_completed(), again
+    record = read_record(str(run.id))
+    windows = record.stage("soak").data["windows"]  # type: ignore[union-attr]
+    assert [w["resumed"] for w in windows[:kept]] == [True] * kept and not any(w["resumed"] for w in windows[kept:])
+    assert [w["index"] for w in windows] == list(range(1, len(windows) + 1))
+    assert record.soak is not None and record.soak.resumed_windows == kept and record.soak.minutes >= 0.6
     assert nothing_serving(tmp_path)
 
 
