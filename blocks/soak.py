@@ -42,7 +42,10 @@ class SoakConfig(StrictBlock):
         default=False, description="Run the soak in every run (off: only when a run asks, --soak; weekly: the "
         "`soak` deployment).",
     )  # fmt: skip
-    minutes: float = Field(default=240, gt=0, description="How long the load goes on: windows run until this is spent.")
+    minutes: float = Field(
+        default=240, gt=0, description="How long the load goes on: windows run until this is spent (and at least "
+        "the windows drift needs: 2 × drift.windows, and 3 for a memory slope).",
+    )  # fmt: skip
     concurrency: int | None = Field(
         default=None, ge=1, description="Requests in flight (--max-concurrency); default the bench's max_concurrency."
     )

@@ -29,6 +29,11 @@ WORKLOAD = "random"
 MEMORY = ".memory.json"
 
 
+def min_windows(drift_windows: int) -> int:
+    """The fewest windows a soak runs: its first and last `drift.windows` apart, and 3 readings for a memory slope."""
+    return max(2 * drift_windows, 3)
+
+
 def window_config(cfg: DeploymentConfig) -> DeploymentConfig:
     """The bench settings of every window: its prompts and concurrency, one run, no baseline (drift judges)."""
     conf, bench = cfg.soak, cfg.bench
@@ -55,6 +60,7 @@ class Soak:
         window_cfg = window_config(cfg)
         concurrency = window_cfg.bench.max_concurrency
         budget_s = cfg.soak.minutes * 60
+        needed = min_windows(cfg.soak.drift.windows)  # however fast the minutes go, enough windows to judge drift
         folder.mkdir(parents=True, exist_ok=True)
         if restart:
             for old in folder.glob(f"{WORKLOAD}-c*"):
@@ -62,7 +68,7 @@ class Soak:
         index = 0
         while not stop.is_set():
             spent = sum(w.seconds for w in self.windows)
-            if spent >= budget_s:
+            if spent >= budget_s and len(self.windows) >= needed:
                 return
             index += 1
             self.running = index

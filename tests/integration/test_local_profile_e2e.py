@@ -336,17 +336,22 @@ def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(serv
     assert f"{median:.4g} ({low:.4g}–{high:.4g})" in report and "| VALID |" in report
 
 
-# Each fault of the proxy (tests/conformance_proxy.py), the load pass only where the fault needs it, and a rule it
-# must fail with the words its detail must hold: the case, its status, what was seen.
+# Each fault of the proxy (tests/conformance_proxy.py), the load pass only where the fault needs it, and the rules it
+# must fail with the words their detail must hold: the case, its status, what was seen. Faults on cases of their own
+# (a schema's arguments, usage, a bad parameter) go in one suite run: each still fails its own rule alone.
 PROXY_FAULTS = [
-    ({"invalid": "get_weather_000"}, False, "schema accuracy (streamed, alone)",
-     ["forced/get_weather_000: invalid", "[additionalProperties]"]),
-    ({"empty-delta": 4}, True, "forced calls well formed (streamed, load)",
-     ["forced/get_weather_000: empty-delta", "only under load"]),
-    ({"differs": True}, False, "streamed = whole (alone)", ["auto/alone: differs: content differ"]),
-    ({"prompt-tokens": True}, False, "usage counted (whole, alone)", ["usage/plain: prompt-tokens", "(+1)"]),
-    ({"500": True}, False, "parameters refused or accepted (whole, alone)", ["params/temperature -1: http-500"]),
-    ({"leak": True}, False, "reasoning apart (streamed, alone)", ["reasoning/thinking: leak", "reasoning is repeated"]),
+    ({"invalid": "get_weather_000", "prompt-tokens": True, "500": True}, False, [
+        ("schema accuracy (streamed, alone)", ["forced/get_weather_000: invalid", "[additionalProperties]"]),
+        ("usage counted (whole, alone)", ["usage/plain: prompt-tokens", "(+1)"]),
+        ("parameters refused or accepted (whole, alone)", ["params/temperature -1: http-500"]),
+    ]),
+    ({"empty-delta": 4}, True, [
+        ("forced calls well formed (streamed, load)", ["forced/get_weather_000: empty-delta", "only under load"]),
+    ]),
+    ({"differs": True}, False, [("streamed = whole (alone)", ["auto/alone: differs: content differ"])]),
+    ({"leak": True}, False, [
+        ("reasoning apart (streamed, alone)", ["reasoning/thinking: leak", "reasoning is repeated"]),
+    ]),
 ]  # fmt: skip
 
 
@@ -396,12 +401,13 @@ def test_a_proxy_breaking_each_rule_in_turn_fails_conformance_naming_the_rule_th
             and len(set(proxy.request_ids)) == len(cases)
             and all(i.startswith("k3deploy-conformance-") for i in proxy.request_ids)
         )
-        for fault, under_load, subject, words in PROXY_FAULTS:
+        for fault, under_load, expected in PROXY_FAULTS:
             proxy.faults = fault
             with pytest.raises(ConformanceStageFailed) as failed:
                 conformance_stage(config=profile(tmp_path, {"conformance": suite | {"under_load": under_load}}))
             rows = {f.subject: f for f in failed.value.result.findings}
-            assert not rows[subject].ok and all(w in rows[subject].detail for w in words), (fault, rows[subject])
+            for subject, words in expected:
+                assert not rows[subject].ok and all(w in rows[subject].detail for w in words), (fault, rows[subject])
             if under_load:
                 assert rows["empty tool calls (alone)"].ok and not rows["empty tool calls (load)"].ok
                 assert proxy.most_open > 4  # the load pass had more streams open than the fault's limit
@@ -427,15 +433,15 @@ def median_ttft_sweep(config: str, folder: Path, levels: range) -> dict[int, flo
 def test_the_capacity_search_finds_the_answer_a_sweep_of_the_same_config_gives_within_one_step(
     served: Served, tmp_path
 ):
-    """A sweep of every concurrency from 1 to 6 (the stage's own probes) gives the median TTFT at each; the SLO is
+    """A sweep of every concurrency from 1 to 4 (the stage's own probes) gives the median TTFT at each; the SLO is
     set between the two levels the sweep separates best, so the answer is known: the search, measuring afresh,
     lands within one step of it (a shared 2-core machine's noise is in both)."""
     section = {"slo": {"percentile": 50, "ttft_ms": 10**6, "tpot_ms": None, "goodput": 0}, "start": 1,
-               "max_concurrency": 6, "prompts_per_concurrency": 6, "queue_share": 10, "ttft_growth": 100}  # fmt: skip
-    sweep = median_ttft_sweep(profile(tmp_path, {"capacity": section}), tmp_path / "sweep", range(1, 7))
+               "max_concurrency": 4, "prompts_per_concurrency": 4, "queue_share": 10, "ttft_growth": 100}  # fmt: skip
+    sweep = median_ttft_sweep(profile(tmp_path, {"capacity": section}), tmp_path / "sweep", range(1, 5))
     # the split k | k+1 where every level up to k is below every level above it by the widest margin
     splits = {k: min(v for c, v in sweep.items() if c > k) / max(v for c, v in sweep.items() if c <= k)
-              for k in range(1, 6)}  # fmt: skip
+              for k in range(1, 4)}  # fmt: skip
     known, margin = max(splits.items(), key=lambda kv: kv[1])
     assert margin > 1.0, f"no level of the sweep separates the ones below from the ones above: {sweep}"
     limit = (max(v for c, v in sweep.items() if c <= known) * min(v for c, v in sweep.items() if c > known)) ** 0.5
@@ -443,10 +449,15 @@ def test_the_capacity_search_finds_the_answer_a_sweep_of_the_same_config_gives_w
     assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted
     result = capacity_stage(config=config, capacity=True)
     answer = result.data["figures"]
-    assert abs(answer["concurrency"] - known) <= 1, (answer, sweep, limit)
+    # the two levels around the SLO measured again after the search: the other worker's load may have moved the
+    # machine's speed since the sweep; the answer must be within one step of what the sweep said, or of what the
+    # levels say now
+    again = median_ttft_sweep(config, tmp_path / "again", range(known, known + 2))
+    now = known if again[known] <= limit < again[known + 1] else known - 1 if again[known] > limit else known + 1
+    assert min(abs(answer["concurrency"] - known), abs(answer["concurrency"] - now)) <= 1, (answer, sweep, again, limit)
     assert answer["ending"] in ("found", "ceiling") and result.verdict == "pass"
     probes = [p["concurrency"] for p in result.data["probes"]]
-    assert probes[:2] == [1, 2] and len(probes) <= 6  # doubling, then bisection: never the whole sweep again
+    assert probes[:2] == [1, 2] and len(probes) <= 4  # doubling, then bisection: 1, 2, 4 and 3 at most
     record = build_record("capacity", None, load_config(config), [result], result.started_at, result.ended_at)
     assert record.capacity is not None and record.capacity.concurrency == answer["concurrency"]
     charts = capacity_charts(record)
@@ -482,12 +493,13 @@ def test_a_soak_on_the_local_profile_passes_for_its_minutes_with_every_windows_f
     """Its tolerances are loose here: the other pytest worker loads this 2-core machine as it likes, and drift
     of a real server is shown on the stand-in (tests/integration/test_soak_standin.py), where it is made to drift."""
     drift = {"windows": 1, "latency": 3.0, "throughput": 0.75}
-    config = profile(tmp_path, {"soak": {"minutes": 0.4, "window_prompts": 16, "drift": drift}})
+    config = profile(tmp_path, {"soak": {"minutes": 0.3, "window_prompts": 16, "drift": drift}})  # 3 windows or more
     result = soak_stage(config=config, soak=True)
     assert result.verdict == "pass", failure_lines(result.findings)
     windows = result.data["windows"]
-    assert len(windows) >= 2 and sum(w["seconds"] for w in windows) >= 0.4 * 60
-    assert sum(w["seconds"] for w in windows[:-1]) < 0.4 * 60  # the last window is the one that spent the minutes
+    assert len(windows) >= 3 and sum(w["seconds"] for w in windows) >= 0.3 * 60
+    # the last window is the one that spent the minutes, or the third (drift needs three here, however fast)
+    assert len(windows) == 3 or sum(w["seconds"] for w in windows[:-1]) < 0.3 * 60
     for w in windows:
         assert w["valid"] and w["completed"] == 16 and w["figures"]["output_throughput"] > 0
         assert set(w["memory"]) == {"local0 (DP rank 0)", "local1 (DP rank 1)"}

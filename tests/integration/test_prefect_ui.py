@@ -144,7 +144,7 @@ def test_validate_run_form_in_chromium_starts_a_run_that_a_worker_completes(ui_s
         options = page.get_by_role("option")
         options.first.wait_for(timeout=FORM_TIMEOUT_MS)
         assert options.all_inner_texts() == ["preflight", "models", "comm", "image", "launch", "smoke", "conformance",
-                                             "bench", "accuracy"]  # fmt: skip
+                                             "bench", "capacity", "soak", "accuracy"]  # fmt: skip
         page.get_by_role("option", name="launch").click()
         expect(page.get_by_role("option", name="launch")).to_have_class(re.compile("p-select-option--selected"))
         page.keyboard.press("Escape")
