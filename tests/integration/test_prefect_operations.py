@@ -274,7 +274,7 @@ def test_the_validate_form_has_enums_descriptions_and_no_secret(prefect_server, 
     )
     assert "cold only (random)" in defs["BenchWorkloads"]["enum"]
     stage_options = defs["StageOptions"]["properties"]  # the registry's model, one group of the form
-    assert {"download", "full_verify", "fresh"} == set(stage_options) and all(
+    assert {"download", "full_verify", "fresh", "capacity", "soak", "soak_restart"} == set(stage_options) and all(
         o["description"] for o in stage_options.values()
     )
     assert props["config"]["type"] == "string"  # a block's name or a path: never the config (and its secrets)
