@@ -16,6 +16,7 @@ from k3deploy.blocks.capacity import CapacityConfig
 from k3deploy.blocks.checks import config_problems
 from k3deploy.blocks.cluster import ClusterConfig
 from k3deploy.blocks.conformance import ConformanceConfig
+from k3deploy.blocks.fleet import ServerConfig, StoreConfig
 from k3deploy.blocks.image import ImageConfig
 from k3deploy.blocks.models import KNOWN_DRAFTS, SPECULATIVE_TOKENS, ModelsConfig
 from k3deploy.blocks.serve import ServeConfig
@@ -58,6 +59,8 @@ class DeploymentConfig(StrictBlock):
     soak: SoakConfig = Field(default_factory=SoakConfig, description="Steady load for hours, judged for drift.")
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig, description="Accuracy evaluators.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Who hears of a failed or REGRESSED run.")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="A run without its Prefect server.")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="A run without the fleet's shared store.")
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> DeploymentConfig:

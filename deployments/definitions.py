@@ -19,9 +19,11 @@ from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 from prefect.workers.process import ProcessWorker
 
+from k3deploy.blocks.fleet import ServerConfig
 from k3deploy.core.paths import runs_dir
 from k3deploy.flows.bisect import bisect
 from k3deploy.flows.registry import FINAL, STAGES, StageOptions
+from k3deploy.flows.server_watch import client_retries
 from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
 from k3deploy.flows.validate import NIGHTLY, validate
@@ -56,6 +58,8 @@ def deployments(
     """
     where = (where or Path.cwd()).resolve()
     env = {} if shared else {"K3DEPLOY_RUNS_DIR": str((runs or runs_dir()).resolve())}
+    # A flow run's calls to the server are retried through the default server.grace_seconds (flows/server_watch.py)
+    env["PREFECT_CLIENT_MAX_RETRIES"] = str(client_retries(ServerConfig().grace_seconds))
     job = {"working_dir": str(where), "env": env}
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
     out = [

@@ -16,7 +16,8 @@ from k3deploy.records.tune_record import TuneRecord
 if TYPE_CHECKING:  # the flows (and Prefect) load only when a command runs one
     from k3deploy.flows.campaign import Event
 
-STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIPPED: "yellow", Verdict.NOT_APPLICABLE: "dim"}
+STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIPPED: "yellow", Verdict.NOT_APPLICABLE: "dim",
+         Verdict.INCONCLUSIVE: "bold magenta"}  # fmt: skip
 
 
 def verdict_text(verdict: Verdict) -> str:

@@ -37,8 +37,11 @@ from k3deploy.cli.common import (
 from k3deploy.core.errors import K3DeployError, StageFailed
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from k3deploy.blocks.deployment import DeploymentConfig
     from k3deploy.core.stage import StageResult
+    from k3deploy.records.record import RunRecord
 
 commands = typer.Typer()
 
@@ -91,7 +94,12 @@ def run(
     cfg = load(config)
     set_runs_dir(runs_dir)
     source = flow_source(config)
-    with prefect() as info, flow_log() as log, parsed(source, cfg):
+    with (
+        prefect() as info,
+        flow_log() as log,
+        parsed(source, cfg),
+        without_server(cfg.server.grace_seconds, info.ui, log),
+    ):
         from k3deploy.flows.validate import validate
 
         show_progress()
@@ -105,6 +113,29 @@ def run(
             return_state=True,
         )
     _finish_run(str(state.state_details.flow_run_id), state, info.ui, log)
+
+
+@contextlib.contextmanager
+def without_server(grace_s: float, ui: str, log: Path) -> Iterator[None]:
+    """A run outlives its server's absence for `grace_s` (Prefect's client retries that long); past it the run
+    ends on its own (flows/server_watch.py) and its table is printed here before the process exits."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from k3deploy.cli.output import print_record
+    from k3deploy.flows.server_watch import ENDED_WITHOUT_SERVER, client_retries
+    from k3deploy.records.record import RECORD_NAME
+
+    def show(record: RunRecord) -> None:
+        with contextlib.suppress(typer.Exit):
+            files = [("run record", RECORD_NAME), ("report", "report.html")]
+            finish("run", record.run_id, None, ui, log, record, print_record, files, False, judged_by_record=True)
+
+    ENDED_WITHOUT_SERVER.append(show)
+    try:
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: client_retries(grace_s)}):
+            yield
+    finally:
+        ENDED_WITHOUT_SERVER.remove(show)
 
 
 def _finish_run(run_id: str, state: Any, ui: str, log: Path) -> None:
@@ -164,7 +195,9 @@ def rerun(
 
 
 def _retry(run_id: str) -> None:
-    with prefect() as info, flow_log() as log:
+    from k3deploy.blocks.fleet import ServerConfig
+
+    with prefect() as info, flow_log() as log, without_server(ServerConfig().grace_seconds, info.ui, log):
         from k3deploy.cli.rerun import retry
 
         show_progress()

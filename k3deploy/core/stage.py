@@ -19,12 +19,14 @@ class Verdict(StrEnum):
     FAIL = "fail"
     SKIPPED = "skipped"
     NOT_APPLICABLE = "not-applicable"
+    INCONCLUSIVE = "inconclusive"  # cut short by what is not the deployment's: its Prefect server went away
 
 
-# A whole attempt's verdict (a validate run, a tune cell): it passed, or a stage of it failed; never skipped.
-# The regression verdicts (records/history.py) and a bisect's outcome (records/bisect_search.py) are other
-# questions with their own states, named for them.
-AttemptVerdict = Literal[Verdict.PASS, Verdict.FAIL]
+# A whole attempt's verdict (a validate run, a tune cell): it passed, or a stage of it failed; never skipped; or
+# it was cut short (a stage inconclusive, none failed) and says nothing of the deployment. The regression verdicts
+# (records/history.py) and a bisect's outcome (records/bisect_search.py) are other questions with their own
+# states, named for them.
+AttemptVerdict = Literal[Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE]
 
 
 class FailureClass(StrEnum):

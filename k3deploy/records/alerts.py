@@ -20,9 +20,10 @@ CAUSE_CHARS = 400  # the evidence a chat message shows; the report has the rest
 
 
 def alert_verdict(record: RunRecord, regression: str | None) -> str:
-    """FAIL (a stage failed), REGRESSED (the figures fell out of their history's spread), else PASS."""
-    if record.verdict == "fail":
-        return "FAIL"
+    """FAIL (a stage failed), INCONCLUSIVE (cut short: its server went away), REGRESSED (the figures fell out of
+    their history's spread), else PASS."""
+    if record.verdict in ("fail", "inconclusive"):
+        return record.verdict.upper()
     return "REGRESSED" if regression == "REGRESSED" else "PASS"
 
 

@@ -265,6 +265,7 @@ def build_record(
     by_name = {s.stage: s for s in stages}
     first = next((s for s in stages if s.verdict is Verdict.FAIL), None)
     failed = first.stage if first else None
+    cut_short = any(s.verdict is Verdict.INCONCLUSIVE for s in stages)
     preflight = by_name.get("preflight")
     models = by_name.get("models")
     image = by_name.get("image")
@@ -278,7 +279,7 @@ def build_record(
         run_name=run_name,
         started_at=started_at,
         ended_at=ended_at,
-        verdict=Verdict.FAIL if failed else Verdict.PASS,
+        verdict=Verdict.FAIL if failed else Verdict.INCONCLUSIVE if cut_short else Verdict.PASS,
         failed_stage=failed,
         failure=first.failure if first else None,
         config_fingerprint=cfg.fingerprint(),

@@ -25,6 +25,7 @@ VERDICT_COLOURS = {
     "fail": "#d62728",
     "skipped": "#7f7f7f",
     "not-applicable": "#7f7f7f",
+    "inconclusive": "#ff7f0e",
     "PASS": "#2ca02c",
     "REGRESSED": "#d62728",
     "MISSING": "#d62728",
