@@ -33,6 +33,8 @@ NOT_SERVING: dict[str, Any] = {
     "soak": True,
     "accuracy": True,
     "alerts": True,
+    "server": True,
+    "store": True,
     "serve": {"readiness", "liveness"},
     "cluster": {"name", "on_busy", "busy_timeout_s", "hold_beat_s", "ssh"},
     "models": {"threads", "timeout_s", "read_timeout_s", "download_retries", "node_python"},

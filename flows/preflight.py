@@ -13,7 +13,9 @@ from k3deploy.core.stage import Finding, StageResult
 from k3deploy.tasks.preflight.evaluate import FactResult, one_machine_twice, table_row
 from k3deploy.tasks.preflight.facts import FACT_NAMES, LOCAL_HOST_KEY
 from k3deploy.tasks.preflight.gather import gather_node_facts
+from k3deploy.tasks.preflight.store_reach import store_finding
 from k3deploy.tasks.stage_run import StageRun
+from k3deploy.tasks.transport.sftp_store import shared_store
 
 
 def record(run: StageRun, results: dict[str, list[FactResult]]) -> None:
@@ -41,8 +43,13 @@ def preflight(config: ConfigSource) -> StageResult:
         cfg = resolve_config(config)
         results = gather_node_facts(cfg)
     record(run, results)
+    store = store_finding(shared_store(), cfg.store.on_unreachable)
+    if store is not None:
+        run.findings.append(store)
+        run.note(f"{store.subject}: {store.detail}")
     bad = [f for f in run.findings if not f.ok]
     if bad:
-        nodes = sorted({f.subject for f in bad}, key=list(results).index)
-        run.failed(f"{len(bad)} fact(s) failed on {', '.join(nodes)}")
+        nodes = sorted({f.subject for f in bad if f.subject in results}, key=list(results).index)
+        places = nodes + [f.subject for f in bad if f.subject not in results and f.subject not in nodes]
+        run.failed(f"{len(bad)} fact(s) failed on {', '.join(dict.fromkeys(places))}")
     return run.passed(f"{len(results)} node(s) reachable with pinned host keys; {len(FACT_NAMES)} facts each")

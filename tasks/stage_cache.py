@@ -18,7 +18,7 @@ from prefect.context import TaskRunContext
 
 from k3deploy.blocks.deployment import DeploymentConfig
 from k3deploy.core.stage import StageResult
-from k3deploy.tasks.transport.sftp_store import shared_store
+from k3deploy.tasks.transport.sftp_store import shared_store, unreachable
 
 
 class CachedStage(Protocol):
@@ -78,6 +78,9 @@ PassedStage = Task[[str, Callable[..., StageResult], DeploymentConfig, dict[str,
 
 
 def stage_task() -> PassedStage:
-    """passed_stage, its results in the server's shared store when it has one, else in this host's storage."""
+    """passed_stage, its results in the server's shared store when it has one (and it answered at the run's start),
+    else in this host's storage."""
     store = shared_store()
-    return passed_stage if store is None else passed_stage.with_options(result_storage=store)
+    if store is None or unreachable(store):
+        return passed_stage
+    return passed_stage.with_options(result_storage=store)

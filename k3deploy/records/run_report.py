@@ -8,6 +8,7 @@ run's folder is sent there after, so history, `k3deploy runs` and `report --comp
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import task
@@ -22,7 +23,7 @@ from k3deploy.records.bisect_record import BisectRecord, bisect_html, bisects_of
 from k3deploy.records.history import Comparison, RegressionVerdict, compare
 from k3deploy.records.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.records.report import html_page, markdown
-from k3deploy.tasks.transport.sftp_store import pull_files, push_folder, shared_store
+from k3deploy.tasks.transport.sftp_store import pull_files, push_folder, shared_store, unpushed_runs
 
 HISTORY_RUNS = 10
 REPORT_HTML, REPORT_MD, COMPARISON = "report.html", "report.md", "comparison.json"
@@ -39,22 +40,32 @@ def pull_shared_runs() -> str | None:
 
 
 def push_shared_run(run_id: str) -> str | None:
-    """This run's folder (record, reports, logs) into the shared store; None: no store."""
+    """This run's folder (record, reports, logs) into the shared store, and the folders of this host's runs made
+    while the store was away; None: no store."""
     store = shared_store()
     if store is None:
         return None
     sent = push_folder(store, runs_dir() / run_id, f"{RUNS}/{run_id}")
-    return f"{sent} files of run {run_id} to the shared store {store.where()}"
+    late = [r for r in unpushed_runs(store, runs_dir(), RUNS) if r != run_id]
+    for other in late:
+        sent += push_folder(store, runs_dir() / other, f"{RUNS}/{other}")
+    also = f" and {len(late)} earlier run(s) it did not have ({', '.join(late)})" if late else ""
+    return f"{sent} files of run {run_id}{also} to the shared store {store.where()}"
 
 
 def render_report(
-    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None
-) -> tuple[Comparison, dict[str, str], str, str]:
-    """The comparison with history (and a baseline run), the links, the Markdown and the HTML."""
+    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None,
+    partial: str | None = None,
+) -> tuple[Comparison, dict[str, str], str, str]:  # fmt: skip
+    """The comparison with history (and a baseline run), the links, the Markdown and the HTML. With `partial` (why
+    the fleet's history could not be read), figures that held are INCONCLUSIVE, never PASS, and say why."""
     scan = scan_records(root)
     candidates = scan.records
     baseline = read_record(baseline_run, root) if baseline_run else None
     comparison = compare(record, candidates, last, baseline, [str(u) for u in scan.unreadable])
+    if partial and comparison.verdict in (RegressionVerdict.PASS, RegressionVerdict.INCONCLUSIVE):
+        why = "; ".join(w for w in (f"history incomplete: {partial}", comparison.why) if w)
+        comparison = replace(comparison, verdict=RegressionVerdict.INCONCLUSIVE, why=why)
     folder = (root / record.run_id).resolve()
     links = {
         "HTML report": (folder / REPORT_HTML).as_uri(),
@@ -69,10 +80,11 @@ def render_report(
 
 
 def write_report_files(
-    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None
-) -> tuple[Comparison, dict[str, str], str]:
+    record: RunRecord, root: Path, last: int = HISTORY_RUNS, baseline_run: str | None = None,
+    partial: str | None = None,
+) -> tuple[Comparison, dict[str, str], str]:  # fmt: skip
     """report.html, report.md and comparison.json in the run's folder."""
-    comparison, links, md, page = render_report(record, root, last, baseline_run)
+    comparison, links, md, page = render_report(record, root, last, baseline_run, partial)
     folder = root / record.run_id
     folder.mkdir(parents=True, exist_ok=True)
     (folder / REPORT_HTML).write_text(page)
@@ -85,18 +97,20 @@ def write_report_files(
 def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str, str]:
     """Compare with the history, write the report files, publish the Markdown and a link to the HTML."""
     logger = get_run_logger()
+    partial = None
     try:
         pulled = pull_shared_runs()
-    except StoreError as err:  # the history is this worker's only: the report says what it was judged on
-        pulled = f"history of this worker only: {err}"
-        logger.warning(pulled)
+    except StoreError as err:  # the history is this worker's only: never a PASS on it
+        partial = f"the shared store is unreachable ({err}): judged on this worker's runs only"
+        pulled = None
+        logger.warning("history incomplete: %s", partial)
     if pulled:
         logger.info("runs store: %s", pulled)
     try:
-        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, baseline_run)
+        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, baseline_run, partial)
     except K3DeployError as err:  # e.g. an unknown baseline run: the report says so, the run stands
         logger.warning("report without the baseline run: %s", err)
-        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, None)
+        comparison, links, md = write_report_files(record, runs_dir(), HISTORY_RUNS, None, partial)
     create_markdown_artifact(md, key="validate-report", description=f"run {record.run_id}: {record.verdict}")
     create_link_artifact(
         links["HTML report"], link_text=f"report of run {record.run_name or record.run_id}", key="validate-report-html"
@@ -108,7 +122,8 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
         pushed = push_shared_run(record.run_id)
     except StoreError as err:
         pushed = None
-        logger.warning("run %s is on this worker only, not in the shared store: %s", record.run_id, err)
+        logger.warning("run %s is on this worker only, not in the shared store: %s (the next run that reaches it "
+                       "sends it)", record.run_id, err)  # fmt: skip
     if pushed:
         logger.info("runs store: %s", pushed)
     return {"report": links["HTML report"], "comparison": comparison.verdict.value}

@@ -11,7 +11,7 @@ from typing import Any
 import paramiko
 from prefect.settings import PREFECT_API_URL
 
-from k3deploy.blocks.store import STORE_NAME, SftpStore, read_file, write_file
+from k3deploy.blocks.store import STORE_NAME, SftpStore, StoreError, read_file, write_file
 
 
 def listing(sftp: paramiko.SFTPClient, path: str) -> dict[str, paramiko.SFTPAttributes]:
@@ -53,6 +53,35 @@ def pull_files(store: SftpStore, key: str, names: tuple[str, ...], local_root: P
                 os.utime(target, (mtime, mtime))
                 fetched.append(f"{folder}/{name}")
     return fetched
+
+
+# The stores this process found unreachable at a run's start (preflight), by where(): why. A run that goes on
+# without its store (store.on_unreachable: local) keeps its results on this host and says its history is partial.
+_UNREACHABLE: dict[str, str] = {}
+
+
+def reach(store: SftpStore) -> str | None:
+    """None when the store answers (a connection, its folder listed); else why not, and it is remembered."""
+    try:
+        with store.session() as sftp:
+            listing(sftp, store.path)
+    except (StoreError, OSError, EOFError, paramiko.SSHException) as err:
+        _UNREACHABLE[store.where()] = str(err)
+        return str(err)
+    _UNREACHABLE.pop(store.where(), None)
+    return None
+
+
+def unreachable(store: SftpStore) -> str | None:
+    """Why this run's store was found unreachable at its start, None if it was not."""
+    return _UNREACHABLE.get(store.where())
+
+
+def unpushed_runs(store: SftpStore, local_root: Path, key: str) -> list[str]:
+    """This host's run folders with a record that the store does not hold (made while it was away)."""
+    with store.session() as sftp:
+        held = set(listing(sftp, store.full(key)))
+    return sorted(p.parent.name for p in local_root.glob("*/record.json") if p.parent.name not in held)
 
 
 def shared_store() -> SftpStore | None:

@@ -35,7 +35,8 @@ def test_site_values_make_a_valid_config():
     ("change", "value"),
     [("bench__num_prompts", 7), ("smoke__request_timeout_s", 9), ("serve__liveness", {"stall_timeout_s": 5}),
      ("serve__readiness", {"poll_s": 1}), ("cluster__on_busy", "refuse"), ("cluster__hold_beat_s", 2),
-     ("models__threads", 9), ("models__read_timeout_s", 7)],
+     ("models__threads", 9), ("models__read_timeout_s", 7), ("server__grace_seconds", 30),
+     ("store__on_unreachable", "local")],
 )  # fmt: skip
 def test_settings_that_do_not_shape_the_servers_keep_their_fingerprint(change, value):
     """A rerun of bench with other workloads, or teardown, still finds the servers launch labelled."""
