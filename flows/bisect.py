@@ -37,7 +37,7 @@ from k3deploy.records.bisect_search import compose, experiment_config, judge_exp
 from k3deploy.records.bisect_search import suspects as find_suspects
 from k3deploy.records.history import RegressionVerdict, comparable
 from k3deploy.records.record import RunRecord, build_record, read_record, scan_records
-from k3deploy.records.run_report import add_to_report, judged, regressed_keys
+from k3deploy.records.run_report import add_to_report, judged, regressed_keys, share
 
 DEFAULTS = StageOptions()
 BODY = [s.name for s in STAGES if s.name not in ("preflight", FINAL)]  # what an experiment can run
@@ -98,6 +98,8 @@ def bisect(
     outcome = step.outcome
     create_markdown_artifact(markdown, key="bisect", description=f"bisect of run {bad.run_id}: {outcome.verdict.value}")
     report = add_to_report(bad.run_id, record)
+    for folder in (bisect_id, bad.run_id):  # the bisect, and the bad run's report that now shows it
+        share(folder, logger)
     logger.info("bisect record: %s; %s; %s", path, outcome.verdict.value, record.spend())
     return {"bisect_id": bisect_id, "verdict": outcome.verdict.value, "culprits": outcome.culprits,
             "fix_verified": bool(record.fix and record.fix.passed), "record": str(path), "report": report}  # fmt: skip

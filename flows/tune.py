@@ -27,13 +27,22 @@ from k3deploy.flows.registry import BY_NAME, STAGES, StageOptions
 from k3deploy.flows.run_abort import teardown_on_abort
 from k3deploy.flows.tune_matrix import CellSpec, TuneMatrix, cell_config, expand, reference_cell
 from k3deploy.records.record import build_record
-from k3deploy.records.tune_record import TuneCell, TuneRecord, cell_of, read_tune, stage_row, write_tune
+from k3deploy.records.run_report import share
+from k3deploy.records.tune_record import (
+    TUNE_HTML,
+    TUNE_MD,
+    TuneCell,
+    TuneRecord,
+    cell_of,
+    read_tune,
+    stage_row,
+    write_tune,
+)
 from k3deploy.records.tune_report import tune_html, tune_markdown
 from k3deploy.tasks.stage_cache import stage_inputs_key
 from k3deploy.tasks.teardown import remove_servers_task
 
 DEFAULTS = StageOptions()
-TUNE_HTML, TUNE_MD = "tune.html", "tune.md"
 
 
 @flow(name="tune", on_cancellation=[teardown_on_abort], on_crashed=[teardown_on_abort])
@@ -71,6 +80,7 @@ def tune(config: str, matrix: TuneMatrix, resume: str = "") -> dict[str, Any]:
         record.ended_at = now()
     path = write_tune(record)
     report = write_tune_report(record)
+    share(tune_id, get_run_logger())
     create_markdown_artifact(tune_markdown(record), key="tune", description=f"tune of {len(specs)} cell(s)")
     logger.info("tune record: %s; report: %s", path, report)
     passed = sum(c.verdict == "pass" for c in record.cells)

@@ -126,8 +126,7 @@ def tune(
 
 def _finish_tune(tune_id: str, state: Any, ui: str, log: Path) -> None:
     from k3deploy.cli.output import print_tune
-    from k3deploy.flows.tune import TUNE_HTML
-    from k3deploy.records.tune_record import TUNE_NAME, read_tune
+    from k3deploy.records.tune_record import TUNE_HTML, TUNE_NAME, read_tune
 
     record = read_tune(tune_id)
     some_passed = record is not None and any(c.verdict == "pass" for c in record.cells)

@@ -119,6 +119,22 @@ def runs_table(records: list[RunRecord]) -> Table:
     return table
 
 
+def campaigns_table(bisects: list[BisectRecord], tunes: list[TuneRecord]) -> Table:
+    """The bisects and tunes of the runs store (every worker's, with a shared store), newest first, by kind."""
+    table = Table(title="bisects and tunes", title_justify="left")
+    for column in ("kind", "id", "started (UTC)", "outcome", "of"):
+        table.add_column(column)
+    rows = [(b.started_at, "bisect", b.bisect_id, b.outcome.verdict.value if b.outcome else "unfinished",
+             f"run {b.bad_run}") for b in bisects]  # fmt: skip
+    for t in tunes:
+        passed = f"{sum(c.verdict == 'pass' for c in t.cells)}/{len(t.cells)} cells passed"
+        rows.append((t.started_at, "tune", t.tune_id, passed + ("" if t.ended_at else ", unfinished"),
+                     f"config {t.config_fingerprint}"))  # fmt: skip
+    for started, kind, ident, outcome, of in sorted(rows, key=lambda r: r[0], reverse=True):
+        table.add_row(kind, ident, started.strftime("%Y-%m-%d %H:%M:%S"), outcome, of)
+    return table
+
+
 def print_record(console: Console, record: RunRecord) -> None:
     """A run's record as a readable summary."""
     seconds = (record.ended_at - record.started_at).total_seconds()

@@ -14,18 +14,24 @@ commands = typer.Typer()
 
 @commands.command()
 def runs(runs_dir: RunsDir = None) -> None:
-    """List the recorded runs, newest first, then one line for each record that cannot be read (exit 0)."""
-    from k3deploy.cli.output import runs_table
+    """List the recorded runs, newest first, then the bisects and tunes (by kind), then one line for each record
+    that cannot be read (exit 0)."""
+    from k3deploy.cli.output import campaigns_table, runs_table
     from k3deploy.core.paths import runs_dir as store
+    from k3deploy.records.bisect_record import all_bisects
     from k3deploy.records.record import scan_records
+    from k3deploy.records.tune_record import all_tunes
 
     set_runs_dir(runs_dir)
     pull_shared_runs()
     scan = scan_records()
+    bisects, tunes = all_bisects(), all_tunes()
     if scan.records:
         out.print(runs_table(scan.records))
     elif not scan.unreadable:
         out.print(f"no recorded runs in {store()}/")
+    if bisects or tunes:
+        out.print(campaigns_table(bisects, tunes))
     for unreadable in scan.unreadable:
         out.print(f"unreadable: {unreadable}", markup=False, highlight=False, soft_wrap=True)
 
@@ -54,6 +60,8 @@ def report(
 
     set_runs_dir(runs_dir)
     pull_shared_runs()
+    if not compare and _campaign(run_id, fmt):
+        return
     record = read_record(run_id)
     if not compare:
         if fmt is Format.json:
@@ -72,3 +80,22 @@ def report(
         out.print(f"report: {(store() / record.run_id / REPORT_HTML).resolve()}")
     if comparison.verdict in (RegressionVerdict.REGRESSED, RegressionVerdict.MISSING):
         raise typer.Exit(1)
+
+
+def _campaign(ident: str, fmt: Format) -> bool:
+    """A bisect's or a tune's record shown by `report ID` (from any host, with a shared store); False: not one."""
+    from k3deploy.cli.output import print_bisect, print_tune
+    from k3deploy.records.bisect_record import read_bisect
+    from k3deploy.records.tune_record import read_tune
+
+    bisect = read_bisect(ident)
+    tune = read_tune(ident) if bisect is None else None
+    if fmt is Format.json and (bisect or tune):
+        typer.echo((bisect or tune).model_dump_json(indent=2))  # type: ignore[union-attr]
+    elif bisect is not None:
+        out.print(f"bisect {bisect.bisect_id}", highlight=False)
+        print_bisect(out, bisect)
+    elif tune is not None:
+        out.print(f"tune {tune.tune_id}", highlight=False)
+        print_tune(out, tune)
+    return bool(bisect or tune)

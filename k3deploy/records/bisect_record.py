@@ -130,17 +130,20 @@ def write_bisect(record: BisectRecord, root: Path | None = None) -> Path:
     return write_document(record.bisect_id, BISECT_NAME, record, root)
 
 
-def bisects_of(bad_run: str, root: Path | None = None) -> list[BisectRecord]:
-    """The readable bisects of a run, newest first (an unreadable one is left out: it judges nothing)."""
+def all_bisects(root: Path | None = None) -> list[BisectRecord]:
+    """Every readable bisect of the runs store, newest first (an unreadable one is left out: it judges nothing)."""
     found = []
     for path in (root or runs_dir()).glob(f"*/{BISECT_NAME}"):
         try:
-            record = BisectRecord.model_validate_json(path.read_text())
+            found.append(BisectRecord.model_validate_json(path.read_text()))
         except (OSError, ValidationError, ValueError):
             continue
-        if record.bad_run == bad_run:
-            found.append(record)
     return sorted(found, key=lambda r: r.started_at, reverse=True)
+
+
+def bisects_of(bad_run: str, root: Path | None = None) -> list[BisectRecord]:
+    """The readable bisects of a run, newest first."""
+    return [r for r in all_bisects(root) if r.bad_run == bad_run]
 
 
 def read_bisect(bisect_id: str, root: Path | None = None) -> BisectRecord | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
@@ -19,15 +20,17 @@ from prefect.logging import get_run_logger
 from k3deploy.blocks.store import RUNS, StoreError
 from k3deploy.core.errors import K3DeployError
 from k3deploy.core.paths import runs_dir
-from k3deploy.records.bisect_record import BisectRecord, bisect_html, bisects_of
+from k3deploy.records.bisect_record import BISECT_NAME, BisectRecord, bisect_html, bisects_of
 from k3deploy.records.history import Comparison, RegressionVerdict, compare
 from k3deploy.records.record import RECORD_NAME, RunRecord, read_record, scan_records, write_record
 from k3deploy.records.report import html_page, markdown
+from k3deploy.records.tune_record import TUNE_HTML, TUNE_MD, TUNE_NAME
 from k3deploy.tasks.transport.sftp_store import pull_files, push_folder, shared_store, unpushed_runs
 
 HISTORY_RUNS = 10
 REPORT_HTML, REPORT_MD, COMPARISON = "report.html", "report.md", "comparison.json"
-SHARED_FILES = (RECORD_NAME, REPORT_MD, REPORT_HTML, COMPARISON)  # what other hosts read of a run
+# What other hosts read of a run, a bisect or a tune (their folders are sent whole)
+SHARED_FILES = (RECORD_NAME, REPORT_MD, REPORT_HTML, COMPARISON, BISECT_NAME, TUNE_NAME, TUNE_MD, TUNE_HTML)
 
 
 def pull_shared_runs() -> str | None:
@@ -93,6 +96,19 @@ def write_report_files(
     return comparison, links, md
 
 
+def share(folder: str, logger: Any) -> None:
+    """A run's, bisect's or tune's folder into the shared store, if the server has one; a store that cannot be
+    reached is a warning (the next run that reaches it sends the folder), never the run's failure."""
+    try:
+        pushed = push_shared_run(folder)
+    except StoreError as err:
+        logger.warning("%s is on this worker only, not in the shared store: %s (the next run that reaches it sends "
+                       "it)", folder, err)  # fmt: skip
+        return
+    if pushed:
+        logger.info("runs store: %s", pushed)
+
+
 @task(name="write report", cache_policy=NO_CACHE)
 def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str, str]:
     """Compare with the history, write the report files, publish the Markdown and a link to the HTML."""
@@ -118,14 +134,7 @@ def write_report(record: RunRecord, baseline_run: str | None = None) -> dict[str
     logger.info("regression verdict %s over %d earlier runs", comparison.verdict.value, len(comparison.history_runs))
     for unreadable in comparison.unreadable:
         logger.warning("history leaves out an unreadable record: %s", unreadable)
-    try:
-        pushed = push_shared_run(record.run_id)
-    except StoreError as err:
-        pushed = None
-        logger.warning("run %s is on this worker only, not in the shared store: %s (the next run that reaches it "
-                       "sends it)", record.run_id, err)  # fmt: skip
-    if pushed:
-        logger.info("runs store: %s", pushed)
+    share(record.run_id, logger)
     return {"report": links["HTML report"], "comparison": comparison.verdict.value}
 
 

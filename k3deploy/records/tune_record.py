@@ -23,6 +23,7 @@ from k3deploy.records.record import RunRecord
 
 TUNE_SCHEMA_VERSION: Final = 1
 TUNE_NAME = "tune.json"
+TUNE_HTML, TUNE_MD = "tune.html", "tune.md"  # its report, beside it
 
 
 class TunePoint(BaseModel):
@@ -110,6 +111,17 @@ def cell_of(name: str, settings: dict[str, Any], record: RunRecord) -> TuneCell:
 def write_tune(record: TuneRecord, root: Path | None = None) -> Path:
     """runs/<tune id>/tune.json, written whole."""
     return write_document(record.tune_id, TUNE_NAME, record, root)
+
+
+def all_tunes(root: Path | None = None) -> list[TuneRecord]:
+    """Every readable tune of the runs store, newest first."""
+    found = []
+    for path in (root or runs_dir()).glob(f"*/{TUNE_NAME}"):
+        try:
+            found.append(TuneRecord.model_validate_json(path.read_text()))
+        except (OSError, ValidationError, ValueError):
+            continue
+    return sorted(found, key=lambda r: r.started_at, reverse=True)
 
 
 def read_tune(tune_id: str, root: Path | None = None) -> TuneRecord | None:

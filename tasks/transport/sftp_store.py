@@ -77,11 +77,14 @@ def unreachable(store: SftpStore) -> str | None:
     return _UNREACHABLE.get(store.where())
 
 
-def unpushed_runs(store: SftpStore, local_root: Path, key: str) -> list[str]:
-    """This host's run folders with a record that the store does not hold (made while it was away)."""
+def unpushed_runs(store: SftpStore, local_root: Path, key: str,
+                  records: tuple[str, ...] = ("record.json", "bisect.json", "tune.json")) -> list[str]:  # fmt: skip
+    """This host's folders holding a record (a run's, a bisect's, a tune's) that the store does not hold (made
+    while it was away)."""
     with store.session() as sftp:
         held = set(listing(sftp, store.full(key)))
-    return sorted(p.parent.name for p in local_root.glob("*/record.json") if p.parent.name not in held)
+    mine = {p.parent.name for name in records for p in local_root.glob(f"*/{name}")}
+    return sorted(mine - held)
 
 
 def shared_store() -> SftpStore | None:

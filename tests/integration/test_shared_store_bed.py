@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import uuid4
 
@@ -127,3 +130,54 @@ def ran_twice(store: SftpStore, local_storage: Path) -> None:
     assert twice() == ["Completed", "Cached"] and calls == [1]
     assert store.read_path(key)  # the record, in the store
     assert not list(local_storage.rglob(f"{key}*"))  # and not in this host's result storage
+
+
+def test_a_bisect_and_a_tune_made_on_one_worker_are_listed_and_opened_by_the_cli_on_another_host(
+    prefect_server, store, tmp_path
+):
+    """Worker A writes a bisect's and a tune's records (as their flows do) and shares their folders with the
+    function the flows call; `k3deploy runs` and `k3deploy report ID` with another runs store (another host's)
+    pull them from the store, list them by kind and open them."""
+    from prefect.logging import get_logger
+    from prefect.settings import PREFECT_API_URL
+
+    from k3deploy.records.bisect_record import BisectRecord, write_bisect
+    from k3deploy.records.bisect_search import Outcome, Target
+    from k3deploy.records.run_report import share
+    from k3deploy.records.tune_record import TuneRecord, write_tune
+
+    worker_a, third = tmp_path / "worker-a", tmp_path / "third-host"
+    when = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+    bisect_id, tune_id = f"bisect-{uuid4().hex[:8]}", f"tune-{uuid4().hex[:8]}"
+    target = Target(kind="failure", key="smoke", stage="smoke", failure_class="engine")
+    write_bisect(BisectRecord(bisect_id=bisect_id, bad_run="run-bad", good_run="run-good", started_at=when,
+                              ended_at=when, max_experiments=4, target=target, suspects=[],
+                              outcome=Outcome(verdict="culprit", culprits=["image"], reason="it alone")),
+                 worker_a)  # fmt: skip
+    write_tune(TuneRecord(tune_id=tune_id, started_at=when, ended_at=when, config_fingerprint="f00d", config={},
+                          matrix={}, nodes=2), worker_a)  # fmt: skip
+    store.save(STORE_NAME, overwrite=True)
+    try:
+        os.environ["K3DEPLOY_RUNS_DIR"] = str(worker_a)
+        for folder in (bisect_id, tune_id):
+            share(folder, get_logger("test"))
+        env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "K3DEPLOY_RUNS_DIR": str(third),
+               "COLUMNS": "200"}  # fmt: skip
+        listed = k3deploy("runs", env=env)
+        opened = {ident: k3deploy("report", ident, env=env) for ident in (bisect_id, tune_id)}
+    finally:
+        os.environ.pop("K3DEPLOY_RUNS_DIR", None)
+        SftpStore.delete(STORE_NAME)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split("│")[2].strip(): line for line in listed.stdout.splitlines() if line.count("│") > 4}
+    assert "bisect" in rows[bisect_id] and "culprit" in rows[bisect_id] and "run run-bad" in rows[bisect_id]
+    assert "tune" in rows[tune_id] and "0/0 cells passed" in rows[tune_id]
+    assert opened[bisect_id].returncode == 0 and f"bisect {bisect_id}" in opened[bisect_id].stdout
+    assert "bisect of run run-bad against its last pass run-good" in opened[bisect_id].stdout
+    assert opened[tune_id].returncode == 0 and f"tune {tune_id}" in opened[tune_id].stdout
+    assert (third / bisect_id / "bisect.json").exists() and (third / tune_id / "tune.json").exists()
+
+
+def k3deploy(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
