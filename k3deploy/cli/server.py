@@ -120,8 +120,11 @@ def checked_api(url: str, warn: Callable[[str], None]) -> str:
 
 
 def _free_port(host: str, preferred: int) -> int:
+    """`preferred` if a server can listen there, else any free port. Probed as uvicorn binds (SO_REUSEADDR): a
+    server restarted on its port finds it free while the old connections linger in TIME_WAIT."""
     for port in (preferred, 0):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError:

@@ -1,14 +1,17 @@
 """A run whose Prefect server goes away for good ends on its own: INCONCLUSIVE naming the server, torn down, its
-record written, its table printed, within a stated bound, one line instead of Prefect's tracebacks (issue 48).
+record written, its table printed, within a stated bound, one line instead of Prefect's tracebacks; a server
+restarted during a bench is a non-event: the run goes on and passes, its states on the server once it is back
+(issue 48).
 
 The local profile with the test bed's vLLM stand-in as its engine (tests/standin_profile.py: launch, teardown and
 the runtime are the real ones; the ranks are told to take minutes to start, so launch is still waiting on them),
-run by the CLI with k3deploy's own Prefect server, as on a user's machine; that server is SIGKILLed once launch has
-started both ranks.
+run by the CLI with k3deploy's own Prefect server (SQLite), as on a user's machine; that server is SIGKILLed once
+launch has started both ranks, or once `vllm bench serve` runs and then started again on its port.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -16,14 +19,17 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.tasks.teardown import remove_servers
 from tests.bedconfig import write_config
 from tests.cli_run import table_rows
-from tests.standin_profile import nothing_serving, standin_profile
+from tests.postgres import BINARIES, needs_postgres, psql
+from tests.standin_profile import bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
 pytestmark = [pytest.mark.standin, pytest.mark.launch, pytest.mark.prefect, pytest.mark.faults, pytest.mark.vllm,
@@ -102,3 +108,78 @@ def test_a_run_whose_prefect_server_is_killed_during_launch_ends_inconclusive_to
     # nothing left serving: the clean-up above found nothing, no pid file, the ports free
     assert not any(removed.values()), removed
     assert nothing_serving(tmp_path)
+
+
+@needs_postgres
+def test_a_prefect_server_restarted_during_bench_is_a_non_event_and_the_run_passes_with_its_states_on_it(
+    postgres, tmp_path
+):
+    """The fleet's layout (PostgreSQL, authentication on): while `vllm bench serve` runs, PostgreSQL restarted, then
+    the Prefect server killed and started again on its port, in turn."""
+    data = standin_profile(tmp_path)
+    data["serve"]["env"] |= {"K3SIM_TOKEN_S": "0.1"}  # 1.6 s a request: the bench outlasts the restarts
+    config = write_config(tmp_path / "local.yaml", data)
+    home, runs = tmp_path / "home", tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"K3DEPLOY_HOME": str(home), "K3DEPLOY_RUNS_DIR": str(runs), "COLUMNS": "200",
+            "PREFECT_API_DATABASE_CONNECTION_URL": postgres}  # fmt: skip
+    start = [sys.executable, "-m", "k3deploy", "server", "start", "--auth"]
+    first = subprocess.run(start, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    token = (home / "prefect-server-auth").read_text().strip()
+    auth = {"Authorization": f"Basic {base64.b64encode(token.encode()).decode()}"}  # as Prefect's client sends it
+    command = [sys.executable, "-m", "k3deploy", "run", "-c", config, "--only", "launch", "--only", "bench"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(run.stderr or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + START_S
+        while not bench_runs_left(tmp_path):  # the bench tool runs: the server goes away under it
+            assert time.monotonic() < deadline and run.poll() is None, "".join(err)
+            time.sleep(0.1)
+        restart_postgres(postgres)
+        server = json.loads((home / "prefect-server.json").read_text())
+        os.killpg(server["pid"], signal.SIGKILL)
+        port = server["url"].rsplit(":", 1)[1].removesuffix("/api")
+        again = subprocess.run([*start, "--port", port], env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0 and server["url"].removesuffix("/api") in again.stdout + again.stderr, again
+        try:
+            run.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 600 s after its server came back:\n{''.join(err)}")
+        assert run.stdout is not None
+        out = run.stdout.read()
+        reader.join(10)
+        said = "".join(err)
+        assert run.returncode == 0, said + out
+        assert f"the Prefect server at {server['url']} does not answer" in said
+        assert f"the Prefect server at {server['url']} answers again after" in said
+        rows = {r[0]: r[1] for r in table_rows(out) if len(r) > 1}
+        assert rows == {"preflight": "pass", "launch": "pass", "bench": "pass", "teardown": "pass"}, out
+        # the run's states on the server once it is back: the run, its bench and its teardown Completed
+        (record_path,) = runs.glob("*/record.json")
+        run_id, api = record_path.parent.name, server["url"]
+        flow_run = httpx.get(f"{api}/flow_runs/{run_id}", headers=auth, timeout=30).json()
+        assert (flow_run.get("state") or {}).get("type") == "COMPLETED", flow_run
+        query = {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}}
+        children = httpx.post(f"{api}/flow_runs/filter", json=query, headers=auth, timeout=30).json()
+        names = {httpx.get(f"{api}/flows/{c['flow_id']}", headers=auth, timeout=30).json()["name"]: c["state"]["type"]
+                 for c in children}  # fmt: skip
+        assert names.get("bench") == "COMPLETED" and names.get("teardown") == "COMPLETED", names
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        remove_servers(load_config(config))
+        subprocess.run([sys.executable, "-m", "k3deploy", "server", "stop"], env=env, capture_output=True, timeout=60)
+    assert nothing_serving(tmp_path) and not bench_runs_left(tmp_path)
+
+
+def restart_postgres(url: str) -> None:
+    """PostgreSQL stopped (fast: every connection cut) and started again with the options it ran with."""
+    data = psql(url, "SHOW data_directory")
+    log = str(Path(data).parent / "log")  # its own output there: a pipe held by the postmaster would never close
+    subprocess.run(["runuser", "-u", "postgres", "--", str(BINARIES[-1]), "-D", data, "-l", log, "-m", "fast", "-w",
+                    "-t", "60", "restart"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120, cwd="/")  # fmt: skip
