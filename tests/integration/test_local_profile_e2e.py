@@ -476,9 +476,12 @@ def test_a_probe_past_the_servers_slots_stops_the_search_there_named_by_the_engi
     """8 slots (2 ranks × max_num_seqs 4): from 8 in flight requests can wait in vLLM's queue (its own
     vllm:request_queue_time_seconds counters; at 16 half of them must). The SLO holds everywhere; the search stops
     at the first probe whose requests waited, names it, and runs nothing above it. The TTFT-growth stop is off
-    here (its rule is the unit tests'): at 8 a loaded machine's TTFT can grow fast enough to stop it first."""
+    here (its rule is the unit tests'): at 8 a loaded machine's TTFT can grow fast enough to stop it first. The
+    queue's share is 5 % here, not the default 25 %: below the slots the wait is under 1 % of the TTFT, and at 16 a
+    loaded machine's slow prefills made it less than 25 % once (ci32), so the search went on to 32."""
     section = {"slo": {"percentile": 50, "ttft_ms": 10**6, "tpot_ms": None, "goodput": 0}, "start": 4,
-               "max_concurrency": 64, "prompts_per_concurrency": 4, "ttft_growth": 100}  # fmt: skip
+               "max_concurrency": 64, "prompts_per_concurrency": 4, "ttft_growth": 100,
+               "queue_share": 0.05}  # fmt: skip
     config = profile(tmp_path, {"capacity": section})
     result = capacity_stage(config=config, capacity=True)
     probes = result.data["probes"]
