@@ -50,6 +50,6 @@ def preflight(config: ConfigSource) -> StageResult:
     bad = [f for f in run.findings if not f.ok]
     if bad:
         nodes = sorted({f.subject for f in bad if f.subject in results}, key=list(results).index)
-        places = nodes + [f.subject for f in bad if f.subject not in results and f.subject not in nodes]
-        run.failed(f"{len(bad)} fact(s) failed on {', '.join(dict.fromkeys(places))}")
+        others = dict.fromkeys(f.subject for f in bad if f.subject not in results)  # the shared store
+        run.failed(f"{len(bad)} fact(s) failed on {', '.join([*nodes, *others])}")
     return run.passed(f"{len(results)} node(s) reachable with pinned host keys; {len(FACT_NAMES)} facts each")

@@ -80,7 +80,7 @@ def tune(config: str, matrix: TuneMatrix, resume: str = "") -> dict[str, Any]:
         record.ended_at = now()
     path = write_tune(record)
     report = write_tune_report(record)
-    share(tune_id, get_run_logger())
+    share(tune_id, logger)
     create_markdown_artifact(tune_markdown(record), key="tune", description=f"tune of {len(specs)} cell(s)")
     logger.info("tune record: %s; report: %s", path, report)
     passed = sum(c.verdict == "pass" for c in record.cells)

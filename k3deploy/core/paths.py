@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def runs_dir() -> Path:
@@ -21,6 +24,18 @@ def run_folder(run_id: str, part: str | None = None) -> Path:
     """The folder of one run (its root flow run's id), or of one part of it: `logs`, `bench`, `accuracy`."""
     folder = runs_dir() / run_id
     return folder / part if part else folder
+
+
+def read_documents(name: str, model: type[M], root: Path | None = None) -> list[M]:
+    """Every readable `<root>/*/<name>` of the runs store as `model` (the bisects, the tunes); one that cannot be
+    read is left out: it judges nothing."""
+    found = []
+    for path in (root or runs_dir()).glob(f"*/{name}"):
+        try:
+            found.append(model.model_validate_json(path.read_text()))
+        except (OSError, ValidationError, ValueError):
+            continue
+    return found
 
 
 def write_document(folder_id: str, name: str, document: BaseModel, root: Path | None = None) -> Path:

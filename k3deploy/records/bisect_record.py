@@ -18,7 +18,7 @@ import jinja2
 from pydantic import BaseModel, Field, ValidationError
 
 from k3deploy.core.errors import K3DeployError
-from k3deploy.core.paths import runs_dir, write_document
+from k3deploy.core.paths import read_documents, runs_dir, write_document
 from k3deploy.core.stage import FailureCause, Verdict
 from k3deploy.records.bisect_search import Outcome, Suspect, Target
 
@@ -131,14 +131,8 @@ def write_bisect(record: BisectRecord, root: Path | None = None) -> Path:
 
 
 def all_bisects(root: Path | None = None) -> list[BisectRecord]:
-    """Every readable bisect of the runs store, newest first (an unreadable one is left out: it judges nothing)."""
-    found = []
-    for path in (root or runs_dir()).glob(f"*/{BISECT_NAME}"):
-        try:
-            found.append(BisectRecord.model_validate_json(path.read_text()))
-        except (OSError, ValidationError, ValueError):
-            continue
-    return sorted(found, key=lambda r: r.started_at, reverse=True)
+    """Every readable bisect of the runs store, newest first."""
+    return sorted(read_documents(BISECT_NAME, BisectRecord, root), key=lambda r: r.started_at, reverse=True)
 
 
 def bisects_of(bad_run: str, root: Path | None = None) -> list[BisectRecord]:

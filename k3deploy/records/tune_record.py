@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from k3deploy.core.errors import K3DeployError
-from k3deploy.core.paths import runs_dir, write_document
+from k3deploy.core.paths import read_documents, runs_dir, write_document
 from k3deploy.core.stage import AttemptVerdict, FailureCause, StageResult
 from k3deploy.records.bisect_record import ExperimentStage
 from k3deploy.records.history import bench_cells
@@ -115,13 +115,7 @@ def write_tune(record: TuneRecord, root: Path | None = None) -> Path:
 
 def all_tunes(root: Path | None = None) -> list[TuneRecord]:
     """Every readable tune of the runs store, newest first."""
-    found = []
-    for path in (root or runs_dir()).glob(f"*/{TUNE_NAME}"):
-        try:
-            found.append(TuneRecord.model_validate_json(path.read_text()))
-        except (OSError, ValidationError, ValueError):
-            continue
-    return sorted(found, key=lambda r: r.started_at, reverse=True)
+    return sorted(read_documents(TUNE_NAME, TuneRecord, root), key=lambda r: r.started_at, reverse=True)
 
 
 def read_tune(tune_id: str, root: Path | None = None) -> TuneRecord | None:
