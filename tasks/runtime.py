@@ -65,8 +65,8 @@ class Runtime(Protocol):
         when it has ended or the engine does not say."""
         ...
 
-    def names(self, labels: Mapping[str, str]) -> list[str]:
-        """Servers (running or not) carrying these labels."""
+    def names(self, labels: Mapping[str, str], running_only: bool = False) -> list[str]:
+        """Servers carrying these labels: running or not, or only the running ones."""
         ...
 
     def run_beside(
@@ -145,8 +145,8 @@ class DockerRuntime:
         usage = (stats.get("memory_stats") or {}).get("usage")
         return usage if isinstance(usage, int) and usage > 0 else None
 
-    def names(self, labels: Mapping[str, str]) -> list[str]:
-        return [c.name for c in labelled(self.client, labels)]
+    def names(self, labels: Mapping[str, str], running_only: bool = False) -> list[str]:
+        return [c.name for c in labelled(self.client, labels) if not running_only or c.status == "running"]
 
     def run_beside(
         self,
@@ -398,8 +398,8 @@ class ProcessRuntime:
             raise ServersSurvived(self.node, removed, survivors)
         return removed
 
-    def names(self, labels: Mapping[str, str]) -> list[str]:
-        return [s.name for s in self._mine(labels)]
+    def names(self, labels: Mapping[str, str], running_only: bool = False) -> list[str]:
+        return [s.name for s in self._mine(labels) if not running_only or s.alive]
 
     def memory(self, handle: str) -> int | None:
         read = self.transport.run(group_rss_script(self._folder(handle)), timeout=60)

@@ -20,6 +20,7 @@ from k3deploy.tasks.preflight.facts import (
     Unreadable,
     engine_applies,
     judge_engine,
+    judge_ports_held_by_own,
     parse_engine,
 )
 
@@ -65,6 +66,7 @@ class NodeOutputs:
     sections: dict[str, SectionOutput] = field(default_factory=dict)
     engine: Mapping[str, Any] | None = None
     engine_error: str | None = None
+    own_servers: list[str] | None = None  # node 0's running servers of k3deploy's own, by name
 
 
 # -- judging one node --------------------------------------------------------------------------------
@@ -117,6 +119,10 @@ def evaluate_node(cfg: Cfg, index: int, got: NodeOutputs) -> list[FactResult]:
         else:
             results[fact.name] = evaluate(fact, cfg, index, node, got.sections.get(fact.name))
     results["engine"] = evaluate_engine(cfg, index, got)
+    ports = results.get("ports")
+    if ports is not None and ports.state == "fail" and ports.value is not None and got.own_servers:
+        verdict = judge_ports_held_by_own(ports.value, cfg, got.own_servers)
+        results["ports"] = FactResult(node, "ports", "ok" if verdict.ok else "fail", verdict.detail, ports.value)
     return [results[name] for name in FACT_NAMES]
 
 

@@ -232,6 +232,20 @@ def judge_ports(value: Mapping[int, str], cfg: Cfg, index: int) -> Judgement:
     return Judgement(True, ", ".join(f"{name} {port} free" for name, port in wanted.items()))
 
 
+def judge_ports_held_by_own(value: Mapping[int, str], cfg: Cfg, own: list[str]) -> Judgement:
+    """Taken ports while a server of k3deploy's own runs on node 0: launch adopts it when it runs this very
+    config and refuses it by name otherwise, so preflight does not stand in its way (nor overrule it)."""
+    wanted = wanted_ports(cfg)
+    taken = [f"{name} {port}" for name, port in wanted.items() if port in value]
+    if not taken:
+        return judge_ports(value, cfg, 0)
+    return Judgement(
+        True,
+        f"{', '.join(taken)} held by k3deploy's own {', '.join(own)}: launch adopts it if it runs this config "
+        "and refuses it otherwise",
+    )
+
+
 # -- mounts and devices ----------------------------------------------------------------------------
 
 

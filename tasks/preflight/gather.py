@@ -23,6 +23,8 @@ from k3deploy.core.errors import CommandTimeout, K3DeployError, TransportError
 from k3deploy.tasks.batch import Section, first_line, parse_output, render_script
 from k3deploy.tasks.preflight.evaluate import FactResult, NodeOutputs, evaluate_node
 from k3deploy.tasks.preflight.facts import COMMAND_FACTS, LOCAL_HOST_KEY, engine_applies
+from k3deploy.tasks.render import NODE_LABEL
+from k3deploy.tasks.runtime import node_runtime
 from k3deploy.tasks.transport.base import Transport, run_all
 from k3deploy.tasks.transport.factory import docker_clients, open_transports
 from k3deploy.tasks.transport.ssh import SSHTransport, openssh_fingerprint
@@ -127,6 +129,20 @@ def read_engines(cfg: DeploymentConfig, outputs: Mapping[str, NodeOutputs]) -> N
             outputs[name].engine_error = first_line(text)
 
 
+def read_own_servers(cfg: DeploymentConfig, outputs: Mapping[str, NodeOutputs]) -> None:
+    """The running servers of k3deploy's own on node 0, whose ports launch adopts or refuses by name (a
+    `--keep-serving` run's, a tune cell's left by a killed tune); unread (None) when the runtime does not answer."""
+    node = cfg.cluster.nodes[0].name
+    got = outputs[node]
+    if got.ssh_error is not None:
+        return
+    try:
+        with node_runtime(cfg, node) as runtime:
+            got.own_servers = runtime.names({NODE_LABEL: node}, running_only=True)
+    except _ENGINE_FAULTS:
+        got.own_servers = None  # the ports stay judged as anyone's
+
+
 def gather_outputs(cfg: DeploymentConfig, transports: Mapping[str, Transport]) -> dict[str, NodeOutputs]:
     """Host keys first, then the facts script and the engine of every node whose key checked out."""
     missing = [n.name for n in cfg.cluster.nodes if n.name not in transports]
@@ -136,6 +152,7 @@ def gather_outputs(cfg: DeploymentConfig, transports: Mapping[str, Transport]) -
     run_fact_scripts(cfg, transports, outputs)
     if engine_applies(cfg):
         read_engines(cfg, outputs)
+    read_own_servers(cfg, outputs)
     return outputs
 
 

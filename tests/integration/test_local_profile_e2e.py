@@ -38,6 +38,7 @@ from k3deploy.flows.bench import bench as bench_stage
 from k3deploy.flows.capacity import capacity as capacity_stage
 from k3deploy.flows.conformance import conformance as conformance_stage
 from k3deploy.flows.launch import launch
+from k3deploy.flows.preflight import preflight as preflight_stage
 from k3deploy.flows.soak import soak as soak_stage
 from k3deploy.flows.teardown import teardown
 from k3deploy.flows.validate import validate
@@ -312,6 +313,11 @@ def test_repeats_give_valid_cells_with_hit_rates_medians_spread_and_goodput(serv
     vLLM's own --goodput (the prefix cache is reset before each run: nothing is served from the earlier runs')."""
     bench = {"repeats": 2, "slo": {"ttft_ms": 600000, "e2el_ms": 600000}}  # two: a median and a spread
     config = profile(tmp_path, {"bench": bench})
+    # The served ranks hold the service and RPC ports: preflight lets them be, as launch adopts them.
+    checked = preflight_stage(config=config)
+    assert checked.verdict == "pass", checked.reason
+    (ports,) = [f for f in checked.findings if f.check == "ports"]
+    assert ports.detail.startswith("service_port 18000 held by k3deploy's own vllm-kimi-k3-local0"), ports.detail
     assert launch(config=config).data["started"] == {"local0": True, "local1": True}  # adopted, not started again
     stage = bench_stage(config=config)
     assert stage.verdict == "pass", stage.reason

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ CELLS = ["max_num_seqs=2", "max_num_seqs=4", "rejected", "ngram"]
 
 
 @pytest.fixture(scope="module")
-def bed(prefect_server, tmp_path_factory) -> dict[str, Any]:
+def bed(prefect_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     from prefect.settings import PREFECT_API_URL
 
     folder = tmp_path_factory.mktemp("tune")
@@ -67,8 +68,11 @@ def bed(prefect_server, tmp_path_factory) -> dict[str, Any]:
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "COLUMNS": "200",
            "K3DEPLOY_RUNS_DIR": str(folder / "runs"), "K3DEPLOY_HOME": str(folder / "home")}  # fmt: skip
     state = Path(load_config(folder / "local.yaml").serve.process.state_dir)
-    return {"folder": folder, "config": str(folder / "local.yaml"), "matrix": str(folder / "tune.yaml"), "env": env,
-            "state": state}  # fmt: skip
+    bed = {"folder": folder, "config": str(folder / "local.yaml"), "matrix": str(folder / "tune.yaml"), "env": env,
+           "state": state}  # fmt: skip
+    yield bed
+    # A failed test still leaves nothing serving on the local profile's port for the tests after it.
+    k3deploy(bed, "teardown", "-c", bed["config"])
 
 
 def k3deploy(bed: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:

@@ -346,6 +346,26 @@ def test_a_section_cut_short_fails_that_fact_only():
     assert [f for f, r in results.items() if not r.ok] == ["shm"]
 
 
+def test_ports_held_by_a_server_of_k3deploys_own_pass_naming_it_and_anyone_elses_fail():
+    """A `--keep-serving` run's server, or a tune cell's left by a killed tune: launch adopts or refuses it by
+    name, so preflight passes the port it holds. Taken ports with no server of ours running still fail."""
+    got = recorded_node0()
+    got.sections["ports"] = SectionOutput("ports", 0, text(NODE0 / "ss_port_taken.txt"))
+    taken = {r.fact: r for r in evaluate_node(cfg(), 0, got)}["ports"]
+    assert taken.state == "fail" and taken.detail.startswith("service_port 8000 is taken: LISTEN")
+    got.own_servers = ["vllm-kimi-k3-node0"]
+    held = {r.fact: r for r in evaluate_node(cfg(), 0, got)}["ports"]
+    assert held.state == "ok" and held.value == taken.value
+    assert held.detail.startswith("service_port 8000 held by k3deploy's own vllm-kimi-k3-node0: launch adopts")
+    got.own_servers = []  # read, and none of ours runs: someone else's listener
+    assert {r.fact: r for r in evaluate_node(cfg(), 0, got)}["ports"].state == "fail"
+    got.sections["ports"] = SectionOutput("ports", 0, text(NODE0 / "ss.txt"))
+    got.own_servers = ["vllm-kimi-k3-node0"]  # running, but on other ports: the wanted ones are simply free
+    assert {r.fact: r for r in evaluate_node(cfg(), 0, got)}["ports"].detail == (
+        "service_port 8000 free, rpc_port 13345 free"
+    )
+
+
 def test_other_nodes_show_ports_not_applicable():
     results = {r.fact: r for r in evaluate_node(cfg(), 1, recorded_node0())}
     assert results["ports"].state == "n/a" and results["ports"].cell == "n/a (node 0 only)"
