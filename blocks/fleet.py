@@ -10,7 +10,8 @@ from k3deploy.blocks._types import StrictBlock
 
 
 class ServerConfig(StrictBlock):
-    """How long a run goes on without its Prefect server before it ends on its own, INCONCLUSIVE."""
+    """How long a run goes on without its Prefect server before it ends on its own, INCONCLUSIVE; how soon the
+    server calls a run whose process died Crashed (the deployments' automations, `k3deploy deploy`)."""
 
     _block_type_name = "k3deploy server"
 
@@ -20,6 +21,16 @@ class ServerConfig(StrictBlock):
         "seconds; past them it ends INCONCLUSIVE naming the server, tears down what it started and writes its "
         "record to the runs folder, without the server.",
     )  # fmt: skip
+    heartbeat_seconds: int = Field(
+        default=30, ge=30, le=600,
+        description="How often a deployment's flow run tells the server it is alive (Prefect's flow-run heartbeat; "
+        "30 is Prefect's shortest). The server marks a run Crashed, and sends the crash alert, once it has been "
+        "silent for 3 heartbeats plus grace_seconds: a run that only lost its server is never called dead.",
+    )  # fmt: skip
+
+    def silence_seconds(self) -> int:
+        """How long a deployment's run may go without a heartbeat before the server calls it Crashed."""
+        return 3 * self.heartbeat_seconds + int(self.grace_seconds)
 
 
 class StoreConfig(StrictBlock):

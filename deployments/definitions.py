@@ -17,16 +17,20 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
+from prefect.settings import PREFECT_UI_URL
 from prefect.workers.process import ProcessWorker
 
 from k3deploy.blocks.fleet import ServerConfig
+from k3deploy.blocks.source import resolve_config
 from k3deploy.core.paths import runs_dir
+from k3deploy.deployments.automations import apply_automations
 from k3deploy.flows.bisect import bisect
+from k3deploy.flows.cluster_lock import cluster_label
 from k3deploy.flows.registry import FINAL, STAGES, StageOptions
 from k3deploy.flows.server_watch import client_retries
 from k3deploy.flows.teardown import clear_cluster
 from k3deploy.flows.tune import tune
-from k3deploy.flows.validate import NIGHTLY, validate
+from k3deploy.flows.validate import NIGHTLY, is_nightly, validate
 from k3deploy.tasks.transport.sftp_store import shared_store
 
 if TYPE_CHECKING:
@@ -46,6 +50,7 @@ def deployments(
     runs: Path | None = None,
     cluster: str = "",
     shared: bool = False,
+    server: ServerConfig | None = None,
 ) -> list[RunnerDeployment]:
     """nightly (validate on a cron), validate (the UI's form), soak (weekly, with the soak), stage-<name> (ad hoc),
     bisect, tune, teardown.
@@ -54,12 +59,15 @@ def deployments(
     config resolve as they did where `k3deploy deploy` ran) and write records and reports to `runs`.
     With `cluster`, every name ends in `-<cluster>` and carries its tag: one server holds a fleet's. With
     `shared` (the server has a shared store) no runs folder is pinned: each worker host keeps its own (its
-    K3DEPLOY_RUNS_DIR), and the store joins them.
+    K3DEPLOY_RUNS_DIR), and the store joins them. `server`: the config's (its defaults when not given).
     """
     where = (where or Path.cwd()).resolve()
+    server = server or ServerConfig()
     env = {} if shared else {"K3DEPLOY_RUNS_DIR": str((runs or runs_dir()).resolve())}
-    # A flow run's calls to the server are retried through the default server.grace_seconds (flows/server_watch.py)
-    env["PREFECT_CLIENT_MAX_RETRIES"] = str(client_retries(ServerConfig().grace_seconds))
+    # A flow run's calls to the server are retried through server.grace_seconds (flows/server_watch.py); it beats
+    # every server.heartbeat_seconds, so the server can tell a run that died (deployments/automations.py).
+    env["PREFECT_CLIENT_MAX_RETRIES"] = str(client_retries(server.grace_seconds))
+    env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = str(server.heartbeat_seconds)
     job = {"working_dir": str(where), "env": env}
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": TAGS, "job_variables": job}
     out = [
@@ -155,7 +163,15 @@ def apply(
     runs: Path | None = None,
     cluster: str = "",
 ) -> dict[str, UUID]:
-    """Create or update the pool and every deployment; deployment name → id."""
+    """Create or update the pool, every deployment and the cluster's crash automations (deployments/automations.py);
+    deployment name → id."""
+    cfg = resolve_config(config)
     ensure_pool(pool)
-    made = deployments(config, cron, timezone, runs=runs, cluster=cluster, shared=shared_store() is not None)
-    return {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}
+    shared = shared_store() is not None
+    made = deployments(config, cron, timezone, runs=runs, cluster=cluster, shared=shared, server=cfg.server)
+    ids = {d.name: cast(UUID, d.apply(work_pool_name=pool)) for d in made}
+    nightly = [i for name, i in ids.items() if is_nightly(name)]
+    alerting = list(ids.values()) if cfg.alerts.every_run else nightly
+    ui = PREFECT_UI_URL.value()  # the run's link when the server's own UI URL is not set
+    apply_automations(cluster_label(cfg.cluster), cfg.server, cfg.alerts, ids.values(), alerting, ui)
+    return ids

@@ -26,6 +26,7 @@ from k3deploy.flows.campaign import run_attempt
 from k3deploy.flows.cluster_lock import cluster_label, hold_cluster
 from k3deploy.flows.registry import FINAL, STAGES, Stage, StageOptions, select
 from k3deploy.flows.run_abort import teardown_on_abort
+from k3deploy.flows.run_labels import labelled_run
 from k3deploy.flows.run_options import AS_CONFIGURED, BenchOptions, DraftChoice, apply_options
 from k3deploy.flows.server_watch import RunSoFar, watch_server
 from k3deploy.records.alerts import alert_message, alert_verdict, send_alert, wanted
@@ -80,8 +81,9 @@ def validate(
     # The top-level run holds the cluster; a validate called as a subflow runs under its parent's turn.
     top_level = runtime.flow_run.parent_flow_run_id is None
     turn = hold_cluster(cfg.cluster, runtime.flow_run.id, runtime.flow_run.name) if top_level else nullcontext()
+    labels = labelled_run(runtime.flow_run.id) if top_level else nullcontext()  # what a crash alert names
     so_far = RunSoFar(run_id, runtime.flow_run.name, cfg, [s.name for s in chosen])
-    with turn, watch_server(so_far):
+    with turn, labels, watch_server(so_far):
         attempt = run_attempt(chosen, cfg, stages.model_dump(), run_id, keep_serving=keep_serving)
         record = build_record(run_id, runtime.flow_run.name, cfg, attempt.results, attempt.started_at, now())
         so_far.record = record

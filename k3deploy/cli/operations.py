@@ -54,6 +54,17 @@ def deploy(
         store = shared_store()
     for name, deployment_id in created.items():
         out.print(f"{name}: {info.ui}/deployments/deployment/{deployment_id}", soft_wrap=True)
+    from k3deploy.deployments.automations import crash_alert_name, crash_marker_name
+    from k3deploy.flows.cluster_lock import cluster_label
+
+    label, server = cluster_label(cfg.cluster), cfg.server
+    out.print(f"crashed runs: a run of these deployments silent for {server.silence_seconds()} s (3 heartbeats of "
+              f"{server.heartbeat_seconds} s + server.grace_seconds {server.grace_seconds:g}) is marked Crashed "
+              f"(automation '{crash_marker_name(label)}')", soft_wrap=True)  # fmt: skip
+    if cfg.alerts.webhook_url is not None:
+        which = "every deployment's" if cfg.alerts.every_run else "the nightly deployment's"
+        out.print(f"crash alert: {which} Crashed runs are sent to {cfg.alerts.target()}, verdict CRASHED "
+                  f"(automation '{crash_alert_name(label)}')", soft_wrap=True)  # fmt: skip
     if store is not None:
         out.print(f"shared store {store.where()}: stage results and runs of every worker; each worker keeps its "
                   "own runs folder ($K3DEPLOY_RUNS_DIR)", soft_wrap=True)  # fmt: skip

@@ -9,10 +9,7 @@ so nothing in the provenance changed). The receiver is an HTTP server on loopbac
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -27,6 +24,7 @@ from tests.bedconfig import write_config
 from tests.prefect_runs import finished
 from tests.standin_profile import standin_profile
 from tests.vllm_env import needs_vllm_env
+from tests.webhook import Received, delivered, receiving
 
 # Not alone: the regressed run takes 20 ms a token where the history's passes take none (the stand-in's
 # default), a gap no neighbour's load closes; the passes themselves run outside the nightly deployment (no alert).
@@ -36,35 +34,9 @@ TOKEN = "hook-T0KEN-91a"  # in the webhook's path, as chat tools put theirs: nev
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, queue.Queue[tuple[str, dict[str, Any]]]]]:
-    """A webhook on loopback: every POST's path and JSON body, in arrival order."""
-    received: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            received.put((self.path, json.loads(body)))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/{TOKEN}", received
-    server.shutdown()
-    server.server_close()
-
-
-def delivered(received: queue.Queue[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """What arrived so far. The alert is sent inside the run, before it ends: once the run is final, its
-    message (if any) is here."""
-    out = []
-    while not received.empty():
-        out.append(received.get_nowait())
-    return out
+def receiver() -> Iterator[tuple[str, Received]]:
+    with receiving(path=f"/hooks/{TOKEN}") as hook:
+        yield hook
 
 
 def report_file(message: dict[str, Any]) -> Path:

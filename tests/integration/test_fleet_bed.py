@@ -51,15 +51,18 @@ from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
 from k3deploy.blocks.store import RUNS, SftpStore, read_file
+from k3deploy.deployments.automations import crash_alert_name, crash_marker_name
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.flows.cluster_hold import takeover_bound_s
-from k3deploy.flows.cluster_lock import lock_name
+from k3deploy.flows.cluster_lock import cluster_label, lock_name
+from k3deploy.flows.run_labels import STAGE_LABEL
 from k3deploy.tasks.transport.sftp_store import listing, shared_store
 from tests.bedconfig import write_config
 from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
 from tests.prefect_runs import FINISHED, api_at, finished, logged, run_logs, wait_for
 from tests.prefect_worker import processes_of, stop_worker
+from tests.webhook import Received, delivered, receiving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
               pytest.mark.usefixtures("runs_dir")]  # fmt: skip
@@ -78,6 +81,8 @@ print(json.dumps({what: response.status_code for what, response in codes.items()
 """
 BEAT_S = 2.0  # cluster.hold_beat_s of the fleet's clusters: a dead holder is found in 4 beats, not the default's 60 s
 LOG_SLACK_S = 15  # the run's own log lines reach the server in batches
+CRASH_GRACE_S = 10  # cluster a's server.grace_seconds: its runs are dead after 3 × 30 s + 10 s without a heartbeat
+CRASH_BOUND_S = 3 * 30 + CRASH_GRACE_S + 40  # after the kill: that silence, a proactive pass, the POST
 
 
 def run_with_env(
@@ -176,8 +181,8 @@ class Fleet:
         return self.tmp / name / "runs"
 
 
-def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str]) -> str:
-    data = launch_data(testbed, hosts=nodes)
+def cluster_config(testbed, tmp_path: Path, name: str, nodes: list[str], **sections: Any) -> str:
+    data = launch_data(testbed, hosts=nodes) | sections
     data["cluster"]["name"] = f"{name}-{uuid4().hex[:6]}"
     data["cluster"]["hold_beat_s"] = BEAT_S
     data["serve"]["readiness"]["timeout_s"] = 900  # a gated start-up holds the cluster until the test opens it
@@ -193,6 +198,12 @@ def gate(bed_nodes, nodes: list[str], closed: bool) -> None:
     """A closed gate keeps the stand-in starting up (an hour); opened, it is ready in half a second."""
     for node in nodes:
         control(bed_nodes, node, **({"K3SIM_STARTUP_S": 3600} if closed else {}))
+
+
+def stage_label(run_id: UUID) -> str | None:
+    """The stage the run says it is in (flows/run_labels.py): what its crash alert will name."""
+    with get_client(sync_client=True) as client:
+        return (client.read_flow_run(run_id).labels or {}).get(STAGE_LABEL)
 
 
 def submit(deployment: str, **parameters: Any) -> UUID:
@@ -292,6 +303,13 @@ def fleet(fleet_server: FleetServer, testbed, tmp_path: Path) -> Iterator[Fleet]
 
 
 @pytest.fixture
+def hook(testbed) -> Iterator[tuple[str, Received]]:
+    """A webhook receiver on the bed's bridge: the server (and any worker's namespace) reaches it."""
+    with receiving(host=testbed.state.bridge["ip"]) as receiver:
+        yield receiver
+
+
+@pytest.fixture
 def store_folder(testbed) -> Iterator[tuple[Any, str]]:
     host, folder = testbed.hosts[3], f"/srv/k3d-store-{uuid4().hex[:6]}"
     yield host, folder
@@ -299,7 +317,7 @@ def store_folder(testbed) -> Iterator[tuple[Any, str]]:
 
 
 def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_workers(
-    fleet: Fleet, store_folder, testbed, bed_nodes, tmp_path
+    fleet: Fleet, store_folder, hook, testbed, bed_nodes, tmp_path
 ):
     hosts = testbed.hosts
     ns_a, ns_b, ns_laptop = hosts[0].netns, hosts[2].netns, hosts[1].netns
@@ -314,8 +332,15 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert store is not None and store.path == folder
 
     nodes_a, nodes_b = ["node0", "node1"], ["node2", "node3"]
-    a, b = cluster_config(testbed, tmp_path, "fleet-a", nodes_a), cluster_config(testbed, tmp_path, "fleet-b", nodes_b)
+    # Cluster a's bad nightly runs alert; a run of its silent for 100 s (3 heartbeats and a 10 s grace) is dead.
+    hook_url, received = hook
+    a = cluster_config(testbed, tmp_path, "fleet-a", nodes_a, alerts={"webhook_url": hook_url},
+                       server={"grace_seconds": CRASH_GRACE_S})  # fmt: skip
+    b = cluster_config(testbed, tmp_path, "fleet-b", nodes_b)
     apply(a, fleet.pool, cluster="fleet-a")
+    label_a = cluster_label(load_config(a).cluster)
+    with get_client(sync_client=True) as client:
+        assert all(client.read_automations_by_name(n) for n in (crash_marker_name(label_a), crash_alert_name(label_a)))
     apply(b, fleet.pool, cluster="fleet-b")
 
     # What the documented set-up leaves on the server: the store's block, its key a path on the workers' hosts.
@@ -353,7 +378,9 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     # Worker B (its own disk: no results, no runs) is up before the kill, so the Retry below asks for the
     # cluster well inside the dead hold's lease (a cold start after it could find the slot already freed).
     fleet.start("worker-b", ns_b)
+    wait_for("the nightly run to be in launch", lambda: stage_label(dead) == "launch", 300)  # its gated start-up
     fleet.kill("worker-a", [dead])
+    killed_at = time.monotonic()
     gate(bed_nodes, nodes_a, closed=False)
 
     # Worker B picks up the UI's Retry of the failed run.
@@ -412,3 +439,15 @@ def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_wo
     assert {str(passed), str(failed), str(night_a)} <= set(history)  # made on A, on B, on either
     assert str(night_b) not in history  # another cluster: another config family
     assert "runs store:" in compared.stderr and store.where() in compared.stderr
+
+    # The server marked the killed nightly run Crashed once its heartbeats stopped and sent one CRASHED alert,
+    # within the bound (meanwhile everything above ran); the runs that ended normally sent none.
+    left_s = max(1.0, killed_at + CRASH_BOUND_S - time.monotonic())
+    ((_, message),) = wait_for("the dead run's CRASHED alert", lambda: delivered(received), timeout=left_s)
+    with get_client(sync_client=True) as client:
+        crashed = client.read_flow_run(dead)
+    assert crashed.state.type is StateType.CRASHED and "no heartbeat for 100 s" in str(crashed.state.message)
+    assert (message["verdict"], message["run_id"], message["cluster"]) == ("CRASHED", str(dead), label_a)
+    assert (message["failed_stage"], message["worker"]) == ("launch", "worker-a") and message["host"]
+    assert message["text"].startswith(f"k3deploy: run {crashed.name} on cluster {label_a}: CRASHED at launch")
+    assert fleet.auth_string not in json.dumps(message)
