@@ -10,9 +10,13 @@ turn, each from empty model roots, `--repeat` times.
   through the uplink, `size / uplink`, and each time is given as a ratio to it.
 - per-connection: no shaping; the hub sends each response at `--connection-mbps` at most (a hub or CDN that
   limits every connection); the ratio is per-node's time over stripe's.
+- straggler: the uplink as in `uplink` (`--uplink-mbit 0`: unshaped), and node0 (the first stripe's holder)
+  sending to each peer at `--straggler-mbit` (an htb class per peer on its own interface: a NIC that
+  negotiated a lower speed, a congested switch port); per-node, the healthy stripe and the stripe with the
+  straggler run alternately, and the straggler stripe's time is given over the healthy stripe's.
 
     python3 -m benchmarks.checkpoint_spread [--files 16 --file-mib 64 --uplink-mbit 400 --connection-mbps 2.5]
-                                            [--repeat 2] [--threads 4]
+                                            [--repeat 2] [--threads 4] [--regime straggler --straggler-mbit 8]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from testbed.layout import load_state, resolve_state_file
 from testbed.pytest_plugin import Testbed
 from tests.bedconfig import bed_config, write_config
 from tests.checkpoints import checkpoint_files
+from tests.modelsbed import shape_per_peer
 
 REPO = "k3bench/spread"
 ROOT = "/srv/models/spread"
@@ -54,6 +59,20 @@ def uplink(mbit: int | None) -> Iterator[None]:
         yield
     finally:
         subprocess.run(shlex.split(f"tc qdisc del dev {BRIDGE} root"), check=True)
+
+
+@contextmanager
+def straggler(bed: Testbed, nodes: dict[str, SSHTransport], mbit: int | None) -> Iterator[None]:
+    """node0's egress to each other node shaped to `mbit`; None: as it is."""
+    if mbit is None:
+        yield
+        return
+    peers = [h.ip for h in bed.hosts[1 : len(nodes)]]
+    shape_per_peer(nodes["node0"], peers, f"{mbit}mbit")
+    try:
+        yield
+    finally:
+        nodes["node0"].run("tc qdisc del dev eth0 root", 60).check()
 
 
 def checkpoint(files: int, file_mib: int) -> dict[str, bytes]:
@@ -93,12 +112,20 @@ def one_run(
     }
 
 
-def regime(bed, hub, folder, nodes, repeat: int, which: str, threads: int) -> dict[str, list[dict[str, Any]]]:
+def regime(
+    bed, hub, folder, nodes, repeat: int, which: str, threads: int, slowed: int | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Each distribution `repeat` times, alternating so all see the same machine; with `slowed`, the stripe once
+    more with node0 sending to its peers at that many Mbit/s."""
     runs: dict[str, list[dict[str, Any]]] = {d: [] for d in ("per-node", "stripe") if which in ("both", d)}
-    for _ in range(repeat):  # alternating, so both see the same machine
-        for distribution in runs:
-            runs[distribution].append(one_run(bed, hub, folder, nodes, distribution, threads))
-            print(f"  {distribution}: {runs[distribution][-1]}", flush=True)
+    if slowed is not None:
+        runs[f"stripe, node0 at {slowed} Mbit/s to peers"] = []
+    for _ in range(repeat):
+        for name in runs:
+            distribution = "stripe" if name.startswith("stripe") else "per-node"
+            with straggler(bed, nodes, slowed if name.startswith("stripe,") else None):
+                runs[name].append(one_run(bed, hub, folder, nodes, distribution, threads))
+            print(f"  {name}: {runs[name][-1]}", flush=True)
     return runs
 
 
@@ -110,7 +137,8 @@ def main() -> None:
     parser.add_argument("--connection-mbps", type=float, default=2.5, help="MB/s per hub connection (regime 2)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4, help="models.threads (4, the default)")
-    parser.add_argument("--regime", choices=["both", "uplink", "per-connection"], default="both")
+    parser.add_argument("--regime", choices=["both", "uplink", "per-connection", "straggler"], default="both")
+    parser.add_argument("--straggler-mbit", type=int, default=8, help="node0's rate to each peer (straggler)")
     parser.add_argument("--distribution", choices=["both", "stripe", "per-node"], default="both")
     args = parser.parse_args()
 
@@ -154,6 +182,20 @@ def main() -> None:
                 secs = statistics.median(r["seconds"] for r in rs)
                 name = f"{args.connection_mbps:g} MB/s per hub connection"
                 table.append((name, distribution, secs, rs, f"per-node / this {per_node / secs:.2f}"))
+        if args.regime == "straggler":
+            shaped = args.uplink_mbit or None
+            limit = size / (args.uplink_mbit * 1e6 / 8) if shaped else None
+            where = f"uplink {args.uplink_mbit} Mbit/s" if shaped else "hub unshaped"
+            print(f"straggler: {where}, node0 at {args.straggler_mbit} Mbit/s to each peer")
+            with HubServer(folder / "hub3", host=bed.state.bridge["ip"]) as hub, uplink(shaped):
+                publish(hub.root, REPO, files)
+                runs = regime(bed, hub, folder, nodes, args.repeat, args.distribution, args.threads,
+                              args.straggler_mbit)  # fmt: skip
+            healthy = statistics.median(r["seconds"] for r in runs.get("stripe", [{"seconds": float("nan")}]))
+            for name, rs in runs.items():
+                secs = statistics.median(r["seconds"] for r in rs)
+                ratio = f"{secs / healthy:.2f} × healthy stripe" + (f", {secs / limit:.2f} × limit" if limit else "")
+                table.append((f"{where}, straggler", name, secs, rs, ratio))
     for t in nodes.values():
         t.run(f"rm -rf {ROOT}", 120)
         t.close()

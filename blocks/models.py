@@ -164,6 +164,20 @@ class ModelsConfig(StrictBlock):
         description="Port each node serves its verified files to its peers on, at its cluster address, while the "
         "models stage downloads (stripe); only this run's nodes, holding its one-time token, are served.",
     )
+    exchange_slow_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="stripe: a peer sending a file at under this fraction of what the other sources give (the hub's "
+        "rate, the other peers' median, per stream) is left mid-file, named, and the rest taken by Range from a "
+        "faster peer or, when none holds it, from the hub (once, by one node); 0 never leaves a slow peer.",
+    )
+    exchange_stall_s: float = Field(
+        default=10,
+        gt=0,
+        le=600,
+        description="stripe: a peer that sends no byte of a file for this long is left like a slow one (seconds).",
+    )
     download_retries: int = Field(
         default=5,
         ge=0,

@@ -38,7 +38,10 @@ def models(config: ConfigSource, download: bool = True, full_verify: bool = Fals
     for c in outcome.checkpoints:
         description = f"{c.role} `{c.listing.repo}` commit `{c.listing.commit}`, {c.listing.total_bytes} bytes"
         run.table(f"manifest-{c.role}", c.manifest_rows(), description)
-    run.table("nodes", [r for c in outcome.checkpoints for r in c.node_rows()])
+    rows = [r for c in outcome.checkpoints for r in c.node_rows()]
+    for row in rows:  # a table cell is text
+        row["from each peer bytes"] = ", ".join(f"{p} {n}" for p, n in row["from each peer bytes"].items()) or "-"
+    run.table("nodes", rows)
     run.table("checks", [vars(f) for f in outcome.findings])
     for line in outcome.summary_lines():
         run.note(line)

@@ -33,6 +33,18 @@ def sh(transport: SSHTransport, command: str) -> str:
     return transport.run(command, 30).check().stdout
 
 
+def shape_per_peer(transport: SSHTransport, peers: list[str], rate: str) -> None:
+    """An htb class per peer address on the host's egress, so each peer gets `rate` and none outruns the others.
+
+    One tbf for all peers let TCP hand one peer most of it: in a CI run it finished the shard between the
+    test's look and the kill. Traffic to anyone else (the test's SSH) is not shaped."""
+    commands = ["tc qdisc add dev eth0 root handle 1: htb"]
+    for i, ip in enumerate(peers, start=1):
+        commands.append(f"tc class add dev eth0 parent 1: classid 1:{i} htb rate {rate} ceil {rate}")
+        commands.append(f"tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst {ip}/32 flowid 1:{i}")
+    sh(transport, " && ".join(commands))
+
+
 def as_record(result: StageResult) -> dict[str, Any]:
     """The stage data with its verdict and failure lines, as the tests read them."""
     return result.data | {"verdict": result.verdict.value, "problems": failure_lines(result.findings)}

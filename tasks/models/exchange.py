@@ -2,8 +2,12 @@
 
 One copy through the site's uplink: each file some node lacks is downloaded from the hub by one node (the
 files split into stripes of about equal bytes over the nodes that lack them), and every other node that lacks
-it fetches it from a peer that holds it, one that held it verified already first. Pure: node_exchange.py
-runs the plan on the nodes.
+it fetches it from a peer: its holders first (one that held it verified already, then its hub downloader),
+then the other nodes that lack it, once they have it (a file spreads from every node that verified it). Each
+file also has a rescue order, its receivers in turn from a different one per file: the first of them still
+there fetches the file from the hub when no peer can give it fast enough (its holder failed at the hub, went
+away, or sends too slowly), and the others take it from that node. Pure: node_exchange.py runs the plan on
+the nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class NodePart:
     from_peers: Mapping[str, tuple[str, ...]] | None = None
     serve: tuple[str, ...] = ()
     serve_to: tuple[str, ...] = ()
+    rescue: Mapping[str, tuple[str, ...]] | None = None  # file → who fetches it from the hub if no peer can
 
     @property
     def fetches(self) -> bool:
@@ -43,7 +48,8 @@ def stripe_plan(listing: Listing, wanted: Mapping[str, Sequence[str]]) -> dict[s
     hub_bytes = dict.fromkeys(nodes, 0)
     download: dict[str, list[str]] = {n: [] for n in nodes}
     from_peers: dict[str, dict[str, tuple[str, ...]]] = {n: {} for n in nodes}
-    for f in sorted(listing.files, key=lambda f: (-f.size, f.path)):
+    rescue: dict[str, tuple[str, ...]] = {}
+    for rank, f in enumerate(sorted(listing.files, key=lambda f: (-f.size, f.path))):
         lack = [n for n in nodes if f.path in lacking[n]]
         if not lack:
             continue
@@ -53,9 +59,12 @@ def stripe_plan(listing: Listing, wanted: Mapping[str, Sequence[str]]) -> dict[s
             download[chosen].append(f.path)
             hub_bytes[chosen] += f.size
             holders = [chosen]
-        for n in lack:
-            if n not in holders:
-                from_peers[n][f.path] = tuple(holders)
+        receivers = [n for n in lack if n not in holders]
+        if receivers:
+            turn = rank % len(receivers)
+            rescue[f.path] = tuple(receivers[turn:] + receivers[:turn])
+        for n in receivers:
+            from_peers[n][f.path] = (*holders, *(m for m in receivers if m != n))
     serve_to = {n: sorted({m for m in nodes for srcs in from_peers[m].values() if n in srcs}) for n in nodes}
     all_paths = [f.path for f in listing.files]
     return {
@@ -64,6 +73,7 @@ def stripe_plan(listing: Listing, wanted: Mapping[str, Sequence[str]]) -> dict[s
             from_peers=_in_holders_order(from_peers[n], download),
             serve=tuple(p for p in all_paths if p not in lacking[n]),
             serve_to=tuple(serve_to[n]),
+            rescue={p: rescue[p] for p in from_peers[n]},
         )
         for n in nodes
     }
@@ -87,9 +97,17 @@ def new_token() -> str:
 
 
 def exchange_part(
-    node: str, part: NodePart, addresses: Mapping[str, str], port: int, token: str, grace_s: float = GRACE_S
+    node: str,
+    part: NodePart,
+    addresses: Mapping[str, str],
+    port: int,
+    token: str,
+    grace_s: float = GRACE_S,
+    slow_fraction: float = 0.5,
+    stall_s: float = 10.0,
 ) -> dict[str, Any]:
-    """What node_exchange reads from the job: where to listen (the node's cluster address), its peers' URLs."""
+    """What node_exchange reads from the job: where to listen (the node's cluster address), its peers' URLs, when
+    a peer is too slow to keep (`slow_fraction` of the other sources' rate, or `stall_s` without a byte)."""
     peers = {n: f"http://{_host(a)}:{port}" for n, a in addresses.items() if n != node}
     return {
         "node": node,
@@ -100,7 +118,10 @@ def exchange_part(
         "from_peers": {p: list(s) for p, s in (part.from_peers or {}).items()},
         "serve": list(part.serve),
         "serve_to": list(part.serve_to),
+        "rescue": {p: list(order) for p, order in (part.rescue or {}).items()},
         "grace_s": grace_s,
+        "slow_fraction": slow_fraction,
+        "stall_s": stall_s,
     }
 
 

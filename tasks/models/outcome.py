@@ -91,6 +91,11 @@ class CheckpointOutcome:
         got = self.fetched[node].received if node in self.fetched else {}
         return sum(n for source, n in got.items() if (source == "hub") == hub)
 
+    def from_each_peer(self, node: str) -> dict[str, int]:
+        """Bytes this node received from each peer: a file spreads from every node that verified it."""
+        got = self.fetched[node].received if node in self.fetched else {}
+        return {source.removeprefix("peer "): n for source, n in sorted(got.items()) if source.startswith("peer ")}
+
     def received_line(self) -> str:
         """'1.07 GB from the hub, 3.22 GB from peers' over every node, when this run downloaded; else ''."""
         if not self.fetched:
@@ -169,6 +174,7 @@ class CheckpointOutcome:
                 "downloaded files": sum(c.ok for c in self.fetched[node].checks) if node in self.fetched else 0,
                 "from hub bytes": self.received(node, hub=True),
                 "from peers bytes": self.received(node, hub=False),
+                "from each peer bytes": self.from_each_peer(node),
                 "bad files": len(report.bad),
                 "verify s": None if self.reused or not report.manifest else report.manifest.verify_seconds,
                 "free GB": round(report.free_bytes / 1e9, 1),

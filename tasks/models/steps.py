@@ -193,7 +193,15 @@ def fetch_checkpoint(
                 "exchange",
                 checkpoint.path,
                 listing,
-                exchange=exchange_part(node, part, addresses, models.exchange_port, token),
+                exchange=exchange_part(
+                    node,
+                    part,
+                    addresses,
+                    models.exchange_port,
+                    token,
+                    slow_fraction=models.exchange_slow_fraction,
+                    stall_s=models.exchange_stall_s,
+                ),
                 **extra,
             )
             for node, part in parts.items()

@@ -250,10 +250,15 @@ class FetchError(Exception):
     pass
 
 
+class SlowSource(Exception):
+    """A receiver's watch gave up on a source that sends too slowly: the partial stays for the next source."""
+
+
 class DiskError(Exception):
     """Writing the partial file failed (a full disk, a quota, a read-only mount): retrying cannot help."""
 
 
+SLOW = "slow: "  # a FileCheck problem that begins so: the watch left the source, the partial kept
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})  # a hub or CDN having a bad moment
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 10.0
 
@@ -308,18 +313,27 @@ class Source:
     headers: dict[str, str] | None = None
     retries: int | None = None  # None: the job's download_retries
     who: str = "the hub"
+    read_timeout_s: float | None = None  # None: the job's read_timeout_s
 
 
 HUB = Source()
 
 
-def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progress, source: Source = HUB) -> FileCheck:
+def fetch_file(
+    root: Path,
+    expected: Any,
+    job: dict[str, Any],
+    progress: Progress,
+    source: Source = HUB,
+    watch: Callable[[int], None] | None = None,
+) -> FileCheck:
     """Download one file into a partial that survives interruption, hashing as it arrives; move it in place.
 
     A network error, a read timeout (a stalled hub) or a transient HTTP status is retried with backoff,
     resuming with a Range request from the last byte written; the count of retries starts again whenever an
     attempt brought bytes. A local write error (ENOSPC) ends the file at once, its partial kept for a rerun,
-    as is a partial whose source went away (another source resumes it); bytes that fail the checksum go.
+    as is a partial whose source went away or that `watch` (told each chunk's bytes) found too slow: another
+    source resumes it. Bytes that fail the checksum go.
     """
     partial = root / PARTIAL_DIR / (expected.path + ".part")
     hasher = _new_hasher(expected)
@@ -332,7 +346,7 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
         progress.add(have, expected.path)
     retries = int(job.get("retries", 5)) if source.retries is None else source.retries
     attempt, tries = 0, 0
-    read_timeout = float(job.get("read_timeout_s", 60))
+    read_timeout = float(job.get("read_timeout_s", 60) if source.read_timeout_s is None else source.read_timeout_s)
     url = source.url or expected.url
     headers = job.get("headers", {}) if source.headers is None else source.headers
     while have < expected.size:
@@ -360,6 +374,10 @@ def fetch_file(root: Path, expected: Any, job: dict[str, Any], progress: Progres
                             have += n
                             progress.add(n, expected.path, source.name)
                             view = view[n:]
+                        if watch is not None:
+                            watch(len(chunk))
+        except SlowSource as err:
+            return FileCheck(expected.path, False, SLOW + str(err))
         except DiskError as err:
             return FileCheck(expected.path, False, str(err))
         except FetchError as err:

@@ -3,18 +3,26 @@
 Sent beside node_agent.py (the loader makes both modules; this one's `main` runs the job). While the stage
 works, each node serves the files it holds verified to this run's peers: a small HTTP server on the node's
 cluster address, answering only requests that carry the run's one-time token (it travels in the job, on
-stdin). A peer asks `/ready/<file>` (held until the file is verified here, the holder gives up on it, or a
-short hold passes) and then `/file/<file>` with Range, so a file moves on as soon as it is verified at its
-holder. Every byte from a peer is hashed against the hub's sha256 before it lands, as a hub download is; a
-peer that goes away mid-file leaves its partial to be resumed from the next source, one that serves bad
-bytes is named and its file fetched again. After its own work a node tells its peers it is done and serves
-until those that fetch from it are done or gone; the controller kills what is left when the stage ends.
+stdin). A receiver reads every peer's `/have` (what it holds verified, serves now, gave up on, fetches from
+the hub, and which peers it found slow) and takes each file, with Range from where its partial stops, from
+a holder that is not serving that file to FANOUT peers already: a file spreads from every node that verified
+it. Every byte from a peer is hashed against the hub's sha256 before it lands, as a hub download is.
+
+A source is watched as it sends: one slower than `slow_fraction` of what the other sources give (the hub's
+rate, the other peers' median, per stream), or silent for `stall_s`, is left mid-file and named, and the
+rest comes from another peer that verified the file, or, when none can, from the hub: fetched there by the
+file's first rescuer still present (the plan's order), the others taking it from that node. A peer that
+goes away mid-file, or that failed to get its stripe's file from the hub, is handled the same way; one that
+serves bad bytes is named and its file fetched again. After its own work a node tells its peers it is done
+and serves until those that fetch from it are done or gone; the controller kills what is left when the
+stage ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import http.client
 import json
 import os
 import socket
@@ -35,38 +43,60 @@ except ImportError:
     from k3deploy.tasks.node import node_agent as agent
 
 PIDFILE = ".k3deploy-exchange.pid"
-HOLD_S = 15.0  # a /ready request waits this long at most, then asks again
 CONNECT_TIMEOUT_S = 5.0
 WATCH_S = 2.0  # how often the agent checks that its controller is still there
+FANOUT = 2  # a node sends one file to this many peers at once; the others take it from those, or wait
+LOOK_S = 0.3  # how old a receiver's view of the peers' `/have` may be
+JUDGE_AFTER_S = 2.0  # a stream is judged only after this long (TCP's start, the first bytes)
+WINDOW_S = 1.0  # a stream's rate: its bytes over the last window of at least this long
+RATE_MEMORY_S = 60.0  # rates older than this say nothing of a source now
+PROBE_BYTES = 4 << 20  # a receiver with no rate to compare a peer with reads this much of the file from the hub
+BUSY = 429  # a holder already sending the file to FANOUT peers
 
 
 class _Holdings:
-    """What this node can serve: files verified here (ready), and files it gave up on (with why)."""
+    """What this node can serve: files verified here (ready), files it gave up on (with why), what it sends now;
+    and what it tells its peers: the files it fetches from the hub for them, the peers it found slow."""
 
     def __init__(self, ready: Any) -> None:
         self.ready = set(ready)
         self.gave_up: dict[str, str] = {}
         self.done_peers: set[str] = set()
+        self.sending: dict[str, int] = {}
+        self.from_hub: set[str] = set()
+        self.slow: set[str] = set()
         self.changed = threading.Condition()
+
+    def claim(self, path: str) -> bool:
+        """One more peer may be sent `path` now (at most FANOUT at once)."""
+        with self.changed:
+            if self.sending.get(path, 0) >= FANOUT:
+                return False
+            self.sending[path] = self.sending.get(path, 0) + 1
+            return True
+
+    def release(self, path: str) -> None:
+        with self.changed:
+            self.sending[path] -= 1
+
+    def have(self) -> dict[str, Any]:
+        with self.changed:
+            return {
+                "ready": sorted(self.ready),
+                "gave_up": dict(self.gave_up),
+                "sending": {p: n for p, n in self.sending.items() if n},
+                "from_hub": sorted(self.from_hub),
+                "slow": sorted(self.slow),
+            }
 
     def mark(self, path: str, ok: bool, why: str = "") -> None:
         with self.changed:
             if ok:
                 self.ready.add(path)
+                self.gave_up.pop(path, None)  # got from a peer after the hub failed it
             else:
                 self.gave_up[path] = why
             self.changed.notify_all()
-
-    def wait(self, path: str, hold_s: float) -> str | None:
-        """'ready', the reason it was given up, or None when still coming after hold_s."""
-        deadline = time.monotonic() + hold_s
-        with self.changed:
-            while path not in self.ready and path not in self.gave_up:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.changed.wait(left)
-            return "ready" if path in self.ready else self.gave_up[path]
 
     def peer_done(self, name: str) -> None:
         with self.changed:
@@ -120,21 +150,21 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             self._reply(403, {"error": "not a peer of this run"})
             return
-        if self.path.startswith("/ready/"):
-            path = self._file("/ready/")
-            state = self.server.holdings.wait(path, HOLD_S) if path else "not a file of this checkpoint"
-            if state == "ready":
-                self._reply(200, {"state": "ready"})
-            elif state is None:
-                self._reply(503, {"state": "coming"})
-            else:
-                self._reply(404, {"state": "given up", "why": state})
+        if self.path == "/have":
+            self._reply(200, self.server.holdings.have())
         elif self.path.startswith("/file/"):
             path = self._file("/file/")
-            if path is None or path not in self.server.holdings.ready:
+            holdings = self.server.holdings
+            if path is None or path not in holdings.ready:
                 self._reply(404, {"error": "not held here"})
                 return
-            self._send(path)
+            if not holdings.claim(path):
+                self._reply(BUSY, {"state": "busy", "sending": FANOUT})
+                return
+            try:
+                self._send(path)
+            finally:
+                holdings.release(path)
         else:
             self._reply(404, {"error": "no such route"})
 
@@ -188,32 +218,16 @@ class Peers:
         self.answered(peer)
         return False
 
-    def wait_ready(self, peer: str, path: str) -> tuple[str, str]:
-        """('ready', ''), ('given up', why) or ('gone', why): whether `peer` holds `path` verified now."""
-        while True:
-            request = urllib.request.Request(self.url(peer, "ready", path), headers=self.headers())
-            try:
-                with urllib.request.urlopen(request, timeout=HOLD_S + 30) as response:
-                    response.read()
-                self.answered(peer)
-                return "ready", ""
-            except urllib.error.HTTPError as err:
-                self.answered(peer)
-                body = _json(err)
-                if err.code == 503:
-                    continue  # still coming: ask again
-                return (
-                    ("given up", str(body.get("why") or body.get("error") or err))
-                    if err.code == 404
-                    else (
-                        "gone",
-                        f"HTTP {err.code}",
-                    )
-                )
-            except OSError as err:
-                if self.gone(peer):
-                    return "gone", f"{peer} does not answer: {getattr(err, 'reason', err)}"
-                time.sleep(0.5)  # not up yet: its agent is starting
+    def have(self, peer: str) -> dict[str, Any] | None:
+        """The peer's `/have`; None when it does not answer (yet, or any more: `gone` tells)."""
+        request = urllib.request.Request(f"{self.urls[peer]}/have", headers=self.headers())
+        try:
+            with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S + 10) as response:
+                data = json.loads(response.read())
+        except (OSError, ValueError):
+            return None
+        self.answered(peer)
+        return data if isinstance(data, dict) else None
 
     def tell_done(self, me: str) -> None:
         for peer in self.urls:
@@ -221,6 +235,134 @@ class Peers:
             request = urllib.request.Request(url, data=b"", headers=self.headers())
             with contextlib.suppress(OSError):
                 urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S).close()
+
+
+class Board:
+    """Every peer's `/have`, read at most every LOOK_S by whichever receiver asks first; a peer that stopped
+    answering after it once did (or never did within the grace) is gone."""
+
+    def __init__(self, peers: Peers) -> None:
+        self.peers = peers
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()
+        self._read_at = 0.0
+        self._lock = threading.Lock()
+
+    def look(self) -> Board:
+        with self._lock:
+            if time.monotonic() - self._read_at < LOOK_S:
+                return self
+            with ThreadPoolExecutor(max(1, len(self.peers.urls))) as pool:
+                asked = list(self.peers.urls)
+                answers = dict(zip(asked, pool.map(self.peers.have, asked)))  # noqa: B905 - nodes may run Python < 3.10
+            for peer, answer in answers.items():
+                if answer is not None:
+                    self.seen[peer] = answer
+                    self.gone.discard(peer)
+                elif self.peers.gone(peer):
+                    self.gone.add(peer)
+            self._read_at = time.monotonic()
+            return self
+
+    def holds(self, peer: str, path: str) -> bool:
+        return peer not in self.gone and path in self.seen.get(peer, {}).get("ready", ())
+
+    def sending(self, peer: str, path: str) -> int:
+        return int(self.seen.get(peer, {}).get("sending", {}).get(path, 0))
+
+    def gave_up(self, peer: str, path: str) -> str | None:
+        return self.seen.get(peer, {}).get("gave_up", {}).get(path)
+
+    def fetching_from_hub(self, peer: str, path: str) -> bool:
+        return peer not in self.gone and path in self.seen.get(peer, {}).get("from_hub", ())
+
+    def found_slow(self) -> set[str]:
+        """The peers any node found slow: a peer slow to one is, in all likelihood, slow to all."""
+        return {p for answer in self.seen.values() for p in answer.get("slow", ())}
+
+
+class Rates:
+    """Per-stream rates this node saw, by source ('hub', 'peer node2'): what a stream is judged against."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, source: str, rate: float) -> None:
+        with self._lock:
+            self._seen.setdefault(source, []).append((time.monotonic(), rate))
+            del self._seen[source][:-20]
+
+    def typical(self, source: str) -> float | None:
+        """The median of the source's recent rates; None when it has none."""
+        since = time.monotonic() - RATE_MEMORY_S
+        with self._lock:
+            recent = sorted(r for t, r in self._seen.get(source, ()) if t >= since)
+        return recent[len(recent) // 2] if recent else None
+
+    def sources(self) -> list[str]:
+        with self._lock:
+            return list(self._seen)
+
+
+def alternative(rates: Rates, source: str, slow: set[str]) -> tuple[str, float] | None:
+    """What the other sources give a stream: the hub's typical rate, or the median of the other peers' that are
+    not found slow, whichever is higher; None when nothing was measured."""
+    options = []
+    hub = rates.typical("hub")
+    if hub:
+        options.append(("the hub", hub))
+    peers = sorted(r for s in rates.sources() if s not in ("hub", source) and s.removeprefix("peer ") not in slow
+                   for r in [rates.typical(s)] if r)  # fmt: skip
+    if peers:
+        options.append(("the other peers", peers[len(peers) // 2]))
+    return max(options, key=lambda o: o[1]) if options else None
+
+
+def too_slow(rate: float, elapsed_s: float, other: tuple[str, float] | None, fraction: float) -> str | None:
+    """Why a stream should be left ('sent 0.9 MB/s, under 0.5 × the 40 MB/s of the hub'), or None: judged only
+    after JUDGE_AFTER_S, against a measured alternative, and never with `fraction` 0 (judging off)."""
+    if fraction <= 0 or elapsed_s < JUDGE_AFTER_S or other is None or rate >= fraction * other[1]:
+        return None
+    return f"sent {rate / 1e6:.2f} MB/s, under {fraction:g} × the {other[1] / 1e6:.1f} MB/s of {other[0]}"
+
+
+class StreamWatch:
+    """Told each chunk of one stream: records its rate, and (judging) raises SlowSource when it is too slow."""
+
+    def __init__(self, source: str, rates: Rates, judge: Any = None) -> None:
+        self.source, self.rates, self.judge = source, rates, judge
+        self.started = self.window_at = time.monotonic()
+        self.total = self.window = 0
+        self.rate: float | None = None
+
+    def __call__(self, n: int) -> None:
+        now = time.monotonic()
+        self.total, self.window = self.total + n, self.window + n
+        if now - self.window_at < WINDOW_S:
+            return
+        self.rate = self.window / (now - self.window_at)
+        self.rates.observe(self.source, self.rate)
+        self.window, self.window_at = 0, now
+        if self.judge is not None:
+            why = self.judge(self.rate, now - self.started)
+            if why:
+                raise agent.SlowSource(why)
+
+    def finish(self) -> None:
+        """A stream too short for a window still tells its rate, once it carried something worth timing."""
+        seconds = time.monotonic() - self.started
+        if self.rate is None and self.total >= 1 << 20 and seconds > 0:
+            self.rates.observe(self.source, self.total / seconds)
+
+
+def choose(candidates: list[str], board: Board, path: str, avoid: set[str]) -> str | None:
+    """The holder to ask for `path`: verified there, not avoided, sending it to the fewest; a node that got it
+    from a peer before its first holder (spreading the load), then the plan's order."""
+    holders = [p for p in candidates if p not in avoid and board.holds(p, path) and board.sending(p, path) < FANOUT]
+    if not holders:
+        return None
+    return min(holders, key=lambda p: (board.sending(p, path), p == candidates[0], candidates.index(p)))
 
 
 def _json(err: urllib.error.HTTPError) -> dict[str, Any]:
@@ -239,8 +381,15 @@ class Exchange:
         self.root, self.listing, self.job, self.me = root, listing, job, plan["node"]
         self.download = list(plan["download"])
         self.from_peers: dict[str, list[str]] = {p: list(s) for p, s in plan["from_peers"].items()}
+        self.rescue: dict[str, list[str]] = {p: list(r) for p, r in plan.get("rescue", {}).items()}
         self.serve_to = set(plan["serve_to"])
         self.peers = Peers(dict(plan["peers"]), plan["token"], float(plan.get("grace_s", 60)))
+        self.board = Board(self.peers)
+        self.rates = Rates()
+        self.slow_fraction = float(plan.get("slow_fraction", 0.5))
+        self.stall_s = float(plan.get("stall_s", 10.0))
+        self._probe_lock = threading.Lock()
+        self._probed_at = -RATE_MEMORY_S
         self.events: list[str] = []
         self.faults: list[dict[str, str]] = []
         self._lock = threading.Lock()
@@ -282,7 +431,14 @@ class Exchange:
         by_path = {f.path: f for f in landing.wanted}
 
         def from_hub(path: str) -> agent.FileCheck:
-            check = landing.landed(by_path[path], agent.fetch_file(self.root, by_path[path], self.job, progress))
+            check = self._from_hub(by_path[path], progress)
+            if not check.ok and not check.problem.startswith("cannot write"):
+                # the hub failed this node: its peers learn it (gave_up), the file's rescuer fetches it, and this
+                # node takes it from a peer like any other
+                self.holdings.mark(path, False, check.problem)
+                self.event(f"{path}: could not get it from the hub ({check.problem}); taking it from a peer")
+                check = self._from_peers(by_path[path], progress, sources=list(self.peers.urls))
+            check = landing.landed(by_path[path], check)
             self.holdings.mark(path, check.ok, check.problem)
             return check
 
@@ -292,48 +448,152 @@ class Exchange:
             return check
 
         threads = max(1, int(self.job.get("threads", 2)))
-        holders = {s for sources in self.from_peers.values() for s in sources}
-        with ThreadPoolExecutor(threads) as hub_pool, ThreadPoolExecutor(threads * max(1, len(holders))) as peer_pool:
+        with (
+            ThreadPoolExecutor(threads) as hub_pool,
+            ThreadPoolExecutor(threads * max(1, len(self.peers.urls))) as peer_pool,
+        ):
             hub = {p: hub_pool.submit(from_hub, p) for p in self.download}
-            peer = {p: peer_pool.submit(from_peers, p) for p in self.from_peers}
+            peer = {p: peer_pool.submit(from_peers, p) for p in self.from_peers if p not in hub}
             done = {p: f.result() for p, f in {**hub, **peer}.items()}
         checks, manifest = landing.finish([done[f.path] for f in landing.wanted])
         extra = {"received": dict(progress.sources), "events": list(self.events), "peer_faults": list(self.faults)}
         return checks, manifest, extra
 
-    def _from_peers(self, expected: Any, progress: agent.Progress) -> agent.FileCheck:
-        """The file from its holders in turn; the hub only when every holder went away or served bad bytes."""
-        path = expected.path
-        for peer in self.from_peers[path]:
-            state, why = self.peers.wait_ready(peer, path)
-            if state == "given up":
-                return agent.FileCheck(
-                    path,
-                    False,
-                    f"{peer} could not get it from the hub ({why}); not fetched here too, keeping "
-                    "the uplink to one copy: a rerun resumes it",
-                )
-            if state == "gone":
-                self.event(f"{path}: {why} before sending it; trying the next source")
+    def _from_hub(self, expected: Any, progress: agent.Progress) -> agent.FileCheck:
+        watch = StreamWatch("hub", self.rates)
+        check = agent.fetch_file(self.root, expected, self.job, progress, watch=watch)
+        watch.finish()
+        return check
+
+    def _from_peers(self, expected: Any, progress: agent.Progress, sources: list[str] | None = None) -> agent.FileCheck:
+        """The file from a peer that verified it (its holders, then any node that got it since), with Range from
+        where the partial stops whenever a source is left; through the hub once more, by the file's first
+        rescuer still here, when every holder went away, gave up, or is slow; from the hub here when no peer
+        is left at all."""
+        path, size = expected.path, expected.size
+        sources = sources or self.from_peers[path]
+        order = self.rescue.get(path, [])
+        holders = [p for p in sources if p not in order]  # the plan's: held it, or fetch it from the hub
+        left: dict[str, str] = {}  # sources not asked again for this file, and why
+        switched: str | None = None  # why the last source was left: said once the rest starts from the next
+        while True:
+            board = self.board.look()
+            for p in sources:
+                if p in left:
+                    continue
+                if p in board.gone:
+                    left[p] = f"{p} went away"
+                elif (why := board.gave_up(p, path)) is not None and not board.holds(p, path):
+                    left[p] = f"{p} could not get it from the hub ({why})"
+            slow = board.found_slow() | self.holdings.slow
+            peer = choose(sources, board, path, set(left) | slow)
+            if peer is not None:
+                if switched:
+                    self.event(f"{path}: the rest from {peer}, from byte {self._have(path)} ({switched})")
+                check, why = self._fetch_from(peer, expected, progress)
+                if check.ok:
+                    return check
+                if why == "busy":
+                    time.sleep(LOOK_S)
+                elif why == "slow":
+                    with self.holdings.changed:
+                        self.holdings.slow.add(peer)
+                    switched = f"{peer} {check.problem.removeprefix(agent.SLOW)}"
+                    self.event(f"{path}: {switched}; left at byte {self._have(path)} of {size}")
+                elif why == "bad bytes":
+                    left[peer] = f"{peer} served bytes that fail the hub's sha256"
+                    self.faults.append({"peer": peer, "file": path, "problem": check.problem})
+                    self.event(f"{path}: refused the bytes {peer} served: {check.problem}; fetching it again")
+                    switched = f"{peer} served bad bytes"
+                else:
+                    left[peer] = f"{peer} went away mid-file"
+                    kept = agent.PARTIAL_DIR + "/" + path + ".part"
+                    self.event(
+                        f"{path}: {peer} went away mid-file ({check.problem}); resuming {kept} from the next source"
+                    )
+                    switched = f"{peer} went away"
                 continue
-            source = agent.Source(
-                name=f"peer {peer}",
-                url=self.peers.url(peer, "file", path),
-                headers=self.peers.headers(),
-                retries=0,
-                who=peer,
-            )
-            check = agent.fetch_file(self.root, expected, self.job, progress, source)
-            if check.ok:
-                return check
-            if "does not match the hub's" in check.problem:
-                self.faults.append({"peer": peer, "file": path, "problem": check.problem})
-                self.event(f"{path}: refused the bytes {peer} served: {check.problem}; fetching it again")
+            coming = [p for p in holders if p not in left and p not in slow]
+            if coming:  # a holder still fetching it, or sending it to FANOUT peers: wait for it
+                time.sleep(LOOK_S)
+                continue
+            live = [p for p in sources if p not in left and p not in board.gone]
+            rescuer = next((r for r in order if r == self.me or r in live), self.me)
+            at_hub = [p for p in live if board.fetching_from_hub(p, path)]
+            if rescuer != self.me or at_hub:  # that node fetches it from the hub: take it from there, once it has it
+                time.sleep(LOOK_S)
+                continue
+            if not live:
+                why = "no peer could give it"
             else:
-                kept = agent.PARTIAL_DIR + "/" + path + ".part"
-                self.event(f"{path}: {peer} went away mid-file ({check.problem}); resuming {kept} from the next source")
-        self.event(f"{path}: from the hub, no peer could give it")
-        return agent.fetch_file(self.root, expected, self.job, progress)
+                gone = [left[p] for p in holders if p in left]
+                why = "; ".join(gone) or f"every holder is slow ({', '.join(p for p in holders if p in slow)})"
+            self.event(f"{path}: from the hub, {why}" + (f", from byte {self._have(path)}" if self._have(path) else ""))
+            with self.holdings.changed:
+                self.holdings.from_hub.add(path)
+            try:
+                return self._from_hub(expected, progress)
+            finally:
+                with self.holdings.changed:
+                    self.holdings.from_hub.discard(path)
+
+    def _have(self, path: str) -> int:
+        return agent._size(self.root / agent.PARTIAL_DIR / (path + ".part"))
+
+    def _fetch_from(self, peer: str, expected: Any, progress: agent.Progress) -> tuple[agent.FileCheck, str]:
+        """One try at `peer`, watched: the check, and (failed) why in a word: busy, slow, bad bytes, gone."""
+        source = agent.Source(
+            name=f"peer {peer}",
+            url=self.peers.url(peer, "file", expected.path),
+            headers=self.peers.headers(),
+            retries=0,
+            who=peer,
+            read_timeout_s=self.stall_s,  # a peer that sends nothing for stall_s is left like a slow one
+        )
+        watch = StreamWatch(source.name, self.rates, lambda rate, elapsed: self._judge(peer, rate, elapsed, expected))
+        check = agent.fetch_file(self.root, expected, self.job, progress, source, watch)
+        watch.finish()
+        if check.ok:
+            return check, ""
+        if f"answered HTTP {BUSY}" in check.problem:
+            return check, "busy"
+        if check.problem.startswith(agent.SLOW):
+            return check, "slow"
+        if "(read timeout)" in check.problem:
+            why = f"sent nothing for {self.stall_s:g} s"
+            return agent.FileCheck(check.path, False, agent.SLOW + why), "slow"
+        if "does not match the hub's" in check.problem:
+            return check, "bad bytes"
+        return check, "gone"
+
+    def _judge(self, peer: str, rate: float, elapsed: float, expected: Any) -> str | None:
+        """Why the stream from `peer` should be left, or None; with nothing to compare it with, the hub is probed
+        once (a few MiB of this file, thrown away) for what it gives now."""
+        if self.slow_fraction <= 0 or elapsed < JUDGE_AFTER_S:
+            return None
+        slow = self.board.found_slow() | self.holdings.slow
+        other = alternative(self.rates, f"peer {peer}", slow)
+        if other is None:
+            self._probe_hub(expected)
+            other = alternative(self.rates, f"peer {peer}", slow)
+        return too_slow(rate, elapsed, other, self.slow_fraction)
+
+    def _probe_hub(self, expected: Any) -> None:
+        with self._probe_lock:
+            if time.monotonic() - self._probed_at < RATE_MEMORY_S:
+                return
+            self._probed_at = time.monotonic()
+            want = min(PROBE_BYTES, expected.size)
+            headers = {**self.job.get("headers", {}), "Range": f"bytes=0-{want - 1}"}
+            started, got = time.monotonic(), 0
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                request = urllib.request.Request(expected.url, headers=headers)
+                with agent._OPENER.open(request, timeout=self.stall_s) as response:  # the token stays on the hub
+                    while got < want and (chunk := response.read1(1 << 16)):
+                        got += len(chunk)
+            seconds = time.monotonic() - started
+            if got and seconds > 0:
+                self.rates.observe("hub", got / seconds)
 
     def _serve_until_peers_done(self) -> None:
         """Serve until every peer that fetches from here said it is done or is gone; bounded by the node's timeout."""

@@ -5,6 +5,7 @@ The real server of node_exchange.py on loopback, asked by a plain HTTP client.
 
 from __future__ import annotations
 
+import json
 import threading
 import urllib.error
 import urllib.request
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.tasks.node.node_agent import Expected
-from k3deploy.tasks.node.node_exchange import _Holdings, _Server
+from k3deploy.tasks.node.node_exchange import BUSY, FANOUT, _Holdings, _Server
 
 pytestmark = [pytest.mark.models, pytest.mark.anywhere]
 TOKEN = "run-token-123"
@@ -51,7 +52,7 @@ def test_only_holders_of_the_run_token_are_answered(server):
     url, _ = server
     for token in (None, "another-run", TOKEN + "x"):
         assert get(f"{url}/file/held.bin", token)[0] == 403
-        assert get(f"{url}/ready/held.bin", token)[0] == 403
+        assert get(f"{url}/have", token)[0] == 403
     assert get(f"{url}/file/held.bin") == (200, bytes(range(256)) * 4)
 
 
@@ -60,13 +61,25 @@ def test_a_file_is_served_only_once_verified_and_only_if_it_is_of_the_checkpoint
     assert get(f"{url}/file/coming.bin")[0] == 404  # still downloading here
     assert get(f"{url}/file/secret.txt")[0] == 404  # not a file of the listing
     assert get(f"{url}/file/..%2Fsecret.txt")[0] == 404
-    assert get(f"{url}/ready/secret.txt")[0] == 404
-    threading.Timer(0.2, holdings.mark, ("coming.bin", True)).start()
-    assert get(f"{url}/ready/coming.bin") == (200, b'{"state": "ready"}')  # held until it is verified here
+    have = json.loads(get(f"{url}/have")[1])
+    assert have == {"ready": ["held.bin"], "gave_up": {}, "sending": {}, "from_hub": [], "slow": []}
+    holdings.mark("coming.bin", True)  # verified here now: told, and served
+    assert json.loads(get(f"{url}/have")[1])["ready"] == ["coming.bin", "held.bin"]
     holdings.mark("lost.bin", False, "the hub answered HTTP 503")  # its holder could not get it: says why
-    status, body = get(f"{url}/ready/lost.bin")
-    assert status == 404 and b"given up" in body and b"the hub answered HTTP 503" in body
+    assert json.loads(get(f"{url}/have")[1])["gave_up"] == {"lost.bin": "the hub answered HTTP 503"}
     assert get(f"{url}/file/lost.bin")[0] == 404
+
+
+def test_a_file_goes_to_fanout_peers_at_once_and_the_next_is_told_busy(server):
+    url, holdings = server
+    for _ in range(FANOUT):
+        assert holdings.claim("held.bin")  # sending to FANOUT peers now
+    assert json.loads(get(f"{url}/have")[1])["sending"] == {"held.bin": FANOUT}
+    status, body = get(f"{url}/file/held.bin")
+    assert status == BUSY and b"busy" in body
+    holdings.release("held.bin")
+    assert get(f"{url}/file/held.bin") == (200, bytes(range(256)) * 4)
+    assert json.loads(get(f"{url}/have")[1])["sending"] == {"held.bin": FANOUT - 1}  # the one still going
 
 
 def test_a_range_resumes_where_the_receiver_stopped(server):

@@ -23,11 +23,16 @@ def test_every_missing_file_comes_from_the_hub_once_in_stripes_of_about_equal_by
     assert sorted(downloads) == sorted(SIZES)  # each file through the uplink once
     hub_bytes = {n: sum(SIZES[p] for p in part.download) for n, part in plan.items()}
     assert hub_bytes == {"node0": 400, "node1": 300, "node2": 200, "node3": 105}  # largest first, least loaded
-    for node, part in plan.items():  # everything else from the one node that downloads it
+    for node, part in plan.items():  # everything else from the node that downloads it, or any that got it since
         assert set(part.download) | set(part.from_peers or {}) == set(SIZES)
-        for path, holders in (part.from_peers or {}).items():
-            assert len(holders) == 1 and path in plan[holders[0]].download
+        for path, sources in (part.from_peers or {}).items():
+            assert path in plan[sources[0]].download and set(sources) == set(NODES) - {node}
+            receivers = set(NODES) - {sources[0]}
+            assert set((part.rescue or {})[path]) == receivers  # who fetches it from the hub if no peer can
         assert part.serve == () and set(part.serve_to) == set(NODES) - {node}
+    # each file's rescue order starts at another receiver, so rescues spread over the nodes
+    firsts = {(plan["node0"].rescue or {}).get(p, ("node0",))[0] for p in SIZES if p not in plan["node0"].download}
+    assert len(firsts) > 1
 
 
 def test_a_node_that_holds_a_file_serves_it_and_no_one_downloads_it_from_the_hub():
@@ -35,10 +40,13 @@ def test_a_node_that_holds_a_file_serves_it_and_no_one_downloads_it_from_the_hub
     wanted = {"node0": ["d.safetensors"], "node1": both, "node2": both}
     plan = stripe_plan(LISTING, wanted)
     assert [(n, p) for n, part in plan.items() for p in part.download] == [("node0", "d.safetensors")]  # no holder
-    assert plan["node1"].from_peers == {"a.safetensors": ("node0",), "d.safetensors": ("node0",)}
-    assert plan["node2"].from_peers == plan["node1"].from_peers  # node1 lacks them too: not a holder
+    # node0 holds a (and downloads d); node1 and node2 lack both: each is the other's second source, once it has it
+    assert plan["node1"].from_peers == {"a.safetensors": ("node0", "node2"), "d.safetensors": ("node0", "node2")}
+    assert plan["node2"].from_peers == {"a.safetensors": ("node0", "node1"), "d.safetensors": ("node0", "node1")}
+    assert plan["node1"].rescue == plan["node2"].rescue == {"a.safetensors": ("node1", "node2"),
+                                                            "d.safetensors": ("node2", "node1")}  # fmt: skip
     assert plan["node0"].serve == tuple(p for p in SIZES if p != "d.safetensors")
-    assert plan["node0"].serve_to == ("node1", "node2") and plan["node1"].serve_to == ()
+    assert plan["node0"].serve_to == ("node1", "node2") and plan["node1"].serve_to == ("node2",)
     assert plan["node2"].serve == tuple(p for p in SIZES if p not in both)
     assert plan["node0"].fetches and plan["node2"].fetches
     assert not stripe_plan(LISTING, {"node0": [], "node1": ["a.safetensors"]})["node0"].fetches
@@ -48,12 +56,17 @@ def test_several_holders_are_tried_in_node_order_and_held_files_come_before_thos
     wanted = {"node0": [], "node1": [], "node2": list(SIZES), "node3": ["a.safetensors", "b.safetensors"]}
     plan = stripe_plan(LISTING, wanted)
     held_by_three = {p: ("node0", "node1", "node3") for p in SIZES if p not in ("a.safetensors", "b.safetensors")}
-    assert plan["node2"].from_peers == {"a.safetensors": ("node0", "node1"), "b.safetensors": ("node0", "node1")} | (
-        held_by_three
+    assert (
+        plan["node2"].from_peers
+        == {
+            "a.safetensors": ("node0", "node1", "node3"),  # its holders, then the other node that lacks it
+            "b.safetensors": ("node0", "node1", "node3"),
+        }
+        | held_by_three
     )
     assert plan["node3"].download == () and plan["node3"].from_peers == {
-        "a.safetensors": ("node0", "node1"),
-        "b.safetensors": ("node0", "node1"),
+        "a.safetensors": ("node0", "node1", "node2"),
+        "b.safetensors": ("node0", "node1", "node2"),
     }
     fresh = stripe_plan(LISTING, {"node0": ["a.safetensors", "d.safetensors"], "node1": list(SIZES)})
     # node1 first fetches what node0 holds already, then node0's downloads in the order node0 makes them.
