@@ -21,6 +21,7 @@ stage ends.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import http.client
 import json
@@ -344,8 +345,8 @@ class StreamWatch:
         self.rate = self.window / (now - self.window_at)
         self.rates.observe(self.source, self.rate)
         self.window, self.window_at = 0, now
-        if self.judge is not None:
-            why = self.judge(self.rate, now - self.started)
+        if self.judge is not None:  # on the stream's whole rate so far: one slow window is not a slow source
+            why = self.judge(self.total / (now - self.started), now - self.started)
             if why:
                 raise agent.SlowSource(why)
 
@@ -585,11 +586,12 @@ class Exchange:
             self._probed_at = time.monotonic()
             want = min(PROBE_BYTES, expected.size)
             headers = {**self.job.get("headers", {}), "Range": f"bytes=0-{want - 1}"}
-            started, got = time.monotonic(), 0
+            started, got, hasher = time.monotonic(), 0, hashlib.sha256()  # hashed, as a real stream's bytes are
             with contextlib.suppress(OSError, http.client.HTTPException):
                 request = urllib.request.Request(expected.url, headers=headers)
                 with agent._OPENER.open(request, timeout=self.stall_s) as response:  # the token stays on the hub
                     while got < want and (chunk := response.read1(1 << 16)):
+                        hasher.update(chunk)
                         got += len(chunk)
             seconds = time.monotonic() - started
             if got and seconds > 0:
