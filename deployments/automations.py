@@ -14,6 +14,7 @@ marked and alerted once, never once per subflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from datetime import timedelta
@@ -26,6 +27,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState, SendNotification
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
+from prefect.exceptions import ObjectNotFound
 
 from k3deploy.blocks.alerts import AlertsConfig
 from k3deploy.blocks.fleet import ServerConfig
@@ -174,8 +176,11 @@ def apply_automations(
 ) -> dict[str, UUID]:
     """The crash marker over `watched` deployments, and with a webhook the alert over `alerting`; name → id."""
     saved = {crash_marker_name(cluster): save(crash_marker(cluster, watched, server))}
-    if alerts.webhook_url is None:
-        remove(crash_alert_name(cluster))  # alerts turned off since the last deploy
+    if alerts.webhook_url is None:  # alerts turned off since the last deploy: nor the URL kept on the server
+        remove(crash_alert_name(cluster))
+        with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+            block = client.read_block_document_by_name(webhook_block_name(cluster), "custom-webhook")
+            client.delete_block_document(block.id)
         return saved
     block_id = cast(UUID, webhook_block(cluster, alerts).save(webhook_block_name(cluster), overwrite=True))
     saved[crash_alert_name(cluster)] = save(crash_alert(cluster, alerting, block_id, ui))

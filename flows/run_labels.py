@@ -2,15 +2,17 @@
 on its flow run while it runs (the alert is rendered on the server from the flow run alone, after the run's own
 process is gone; Prefect adds the worker's name itself).
 
-The labels are sent from one background thread, in order: a stage never waits on the Prefect API for them, and a
-server that is away (flows/server_watch.py) costs at most a label, never the run.
+The labels are sent from one daemon thread, in order: a stage never waits on the Prefect API for them, a server
+that is away (flows/server_watch.py) costs at most a label, never the run, and a send still retrying never holds
+the process at its exit.
 """
 
 from __future__ import annotations
 
+import queue
 import socket
+import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from uuid import UUID
 
@@ -23,8 +25,10 @@ HOST_LABEL = "k3deploy.host"
 STAGE_LABEL = "k3deploy.stage"
 WORKER_LABEL = "prefect.worker.name"  # set by Prefect's worker on the runs it starts
 
+Labels = dict[str, str | int | float | bool]
 
-def _send(flow_run_id: UUID, labels: dict[str, str | int | float | bool]) -> None:
+
+def _send(flow_run_id: UUID, labels: Labels) -> None:
     try:
         with get_client(sync_client=True) as client:
             client.update_flow_run_labels(flow_run_id, labels)  # merged with the run's other labels
@@ -32,19 +36,25 @@ def _send(flow_run_id: UUID, labels: dict[str, str | int | float | bool]) -> Non
         get_logger("k3deploy.labels").debug("labels %s not written: %s", sorted(labels), err)
 
 
+def _sender(flow_run_id: UUID, waiting: queue.Queue[Labels | None]) -> None:
+    while (labels := waiting.get()) is not None:
+        _send(flow_run_id, labels)
+
+
 @contextmanager
 def labelled_run(flow_run_id: UUID) -> Iterator[None]:
     """The run's host now, and each stage as it starts, on the run's flow run for the block's duration."""
-    sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k3deploy-labels")
+    waiting: queue.Queue[Labels | None] = queue.Queue()
+    threading.Thread(target=_sender, args=(flow_run_id, waiting), daemon=True, name="k3deploy-labels").start()
 
     def stage_started(event: Event) -> None:
         if event.kind == "stage" and not event.ended:
-            sender.submit(_send, flow_run_id, {STAGE_LABEL: event.name})
+            waiting.put({STAGE_LABEL: event.name})
 
-    sender.submit(_send, flow_run_id, {HOST_LABEL: socket.gethostname()})
+    waiting.put({HOST_LABEL: socket.gethostname()})
     LISTENERS.append(stage_started)
     try:
         yield
     finally:
         LISTENERS.remove(stage_started)
-        sender.shutdown(wait=False)
+        waiting.put(None)  # the sender ends after what is queued; being a daemon, it never holds the exit

@@ -1,13 +1,13 @@
 """The striped download's plan: who fetches which file from the hub, who from which peer, who serves whom.
 
 One copy through the site's uplink: each file some node lacks is downloaded from the hub by one node (the
-files split into stripes of about equal bytes over the nodes that lack them), and every other node that lacks
-it fetches it from a peer: its holders first (one that held it verified already, then its hub downloader),
-then the other nodes that lack it, once they have it (a file spreads from every node that verified it). Each
-file also has a rescue order, its receivers in turn from a different one per file: the first of them still
-there fetches the file from the hub when no peer can give it fast enough (its holder failed at the hub, went
-away, or sends too slowly), and the others take it from that node. Pure: node_exchange.py runs the plan on
-the nodes.
+files split into stripes of about equal bytes over the nodes that lack them), and every other node that
+lacks it fetches it from a peer: its holders first (those that hold it verified already, or else its hub
+downloader), then the other nodes that lack it, once they have it (a file spreads from every node that
+verified it). Each file also has a rescue order, its receivers in turn from a different one per file: the
+first of them still there fetches the file from the hub when no peer can give it fast enough (its holder
+failed at the hub, went away, or sends too slowly), and the others take it from that node. Pure:
+node_exchange.py runs the plan on the nodes.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def stripe_plan(listing: Listing, wanted: Mapping[str, Sequence[str]]) -> dict[s
             rescue[f.path] = tuple(receivers[turn:] + receivers[:turn])
         for n in receivers:
             from_peers[n][f.path] = (*holders, *(m for m in receivers if m != n))
-    serve_to = {n: sorted({m for m in nodes for srcs in from_peers[m].values() if n in srcs}) for n in nodes}
+    # every node serves until every node that fetches is done: a holder the hub fails takes its file from any peer
+    fetching = [n for n in nodes if download[n] or from_peers[n]]
+    serve_to = {n: [m for m in fetching if m != n] for n in nodes}
     all_paths = [f.path for f in listing.files]
     return {
         n: NodePart(

@@ -225,12 +225,17 @@ class Progress:
     def __init__(self, op: str, total: int) -> None:
         self.op, self.total, self.done = op, total, 0
         self.sources: dict[str, int] = {}  # bytes received this run, by where they came from
+        self._counted: dict[str, int] = {}  # bytes of each file counted as done
         self._lock = threading.Lock()
         self._last = 0.0
 
     def add(self, n: int, file: str = "", source: str | None = None) -> None:
-        """`source` None: bytes already on the node (a resumed partial), counted as done but not as received."""
+        """`source` None: bytes already on the node (a resumed partial), counted as done but not as received;
+        a partial resumed again in this run (another source) is not counted twice."""
         with self._lock:
+            if source is None and file:
+                n = max(0, n - self._counted.get(file, 0))
+            self._counted[file] = self._counted.get(file, 0) + n
             self.done += n
             if source is not None:
                 self.sources[source] = self.sources.get(source, 0) + n

@@ -53,6 +53,7 @@ WINDOW_S = 1.0  # a stream's rate: its bytes over the last window of at least th
 RATE_MEMORY_S = 60.0  # rates older than this say nothing of a source now
 PROBE_BYTES = 4 << 20  # a receiver with no rate to compare a peer with reads this much of the file from the hub
 BUSY = 429  # a holder already sending the file to FANOUT peers
+SEND_TIMEOUT_S = 60.0  # a peer's socket that takes no byte for this long is closed
 
 
 class _Holdings:
@@ -113,10 +114,15 @@ class _Server(ThreadingHTTPServer):
         self.root, self.token, self.files, self.holdings = root, token, files, holdings
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A receiver that left mid-file (a slow source is left on purpose) is routine: no traceback on stderr,
+        which is the agent's progress channel."""
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = SEND_TIMEOUT_S  # a receiver whose host vanished frees its sending slot within this, not TCP's minutes
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the agent's stderr is its progress channel
@@ -223,7 +229,7 @@ class Peers:
         """The peer's `/have`; None when it does not answer (yet, or any more: `gone` tells)."""
         request = urllib.request.Request(f"{self.urls[peer]}/have", headers=self.headers())
         try:
-            with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S + 10) as response:
+            with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S + 2) as response:
                 data = json.loads(response.read())
         except (OSError, ValueError):
             return None
@@ -253,15 +259,16 @@ class Board:
         with self._lock:
             if time.monotonic() - self._read_at < LOOK_S:
                 return self
-            with ThreadPoolExecutor(max(1, len(self.peers.urls))) as pool:
-                asked = list(self.peers.urls)
+            asked = [p for p in self.peers.urls if p not in self.gone]  # a peer gone is not waited on again
+            with ThreadPoolExecutor(max(1, len(asked))) as pool:
                 answers = dict(zip(asked, pool.map(self.peers.have, asked)))  # noqa: B905 - nodes may run Python < 3.10
+            seen, gone = dict(self.seen), set(self.gone)
             for peer, answer in answers.items():
                 if answer is not None:
-                    self.seen[peer] = answer
-                    self.gone.discard(peer)
+                    seen[peer] = answer
                 elif self.peers.gone(peer):
-                    self.gone.add(peer)
+                    gone.add(peer)
+            self.seen, self.gone = seen, gone  # new snapshots: a reader never sees one change under it
             self._read_at = time.monotonic()
             return self
 
@@ -329,16 +336,23 @@ def too_slow(rate: float, elapsed_s: float, other: tuple[str, float] | None, fra
 
 
 class StreamWatch:
-    """Told each chunk of one stream: records its rate, and (judging) raises SlowSource when it is too slow."""
+    """Told each chunk of one stream: records its rate, and (judging) raises SlowSource when it is too slow. Its
+    clock starts at the stream's first byte (not while a resumed partial is hashed again, or the connection
+    made) and stops while the judge works (a probe of the hub)."""
 
     def __init__(self, source: str, rates: Rates, judge: Any = None) -> None:
         self.source, self.rates, self.judge = source, rates, judge
-        self.started = self.window_at = time.monotonic()
+        self.begun = False
+        self.started = self.window_at = 0.0
         self.total = self.window = 0
+        self.paused = 0.0
         self.rate: float | None = None
 
     def __call__(self, n: int) -> None:
         now = time.monotonic()
+        if not self.begun:  # the first chunk's bytes crossed before the clock could start: not timed
+            self.begun, self.started, self.window_at = True, now, now
+            return
         self.total, self.window = self.total + n, self.window + n
         if now - self.window_at < WINDOW_S:
             return
@@ -346,13 +360,16 @@ class StreamWatch:
         self.rates.observe(self.source, self.rate)
         self.window, self.window_at = 0, now
         if self.judge is not None:  # on the stream's whole rate so far: one slow window is not a slow source
-            why = self.judge(self.total / (now - self.started), now - self.started)
+            elapsed = now - self.started - self.paused
+            why = self.judge(self.total / elapsed, elapsed)
+            self.paused += time.monotonic() - now
+            self.window_at = time.monotonic()
             if why:
                 raise agent.SlowSource(why)
 
     def finish(self) -> None:
         """A stream too short for a window still tells its rate, once it carried something worth timing."""
-        seconds = time.monotonic() - self.started
+        seconds = time.monotonic() - self.started - self.paused
         if self.rate is None and self.total >= 1 << 20 and seconds > 0:
             self.rates.observe(self.source, self.total / seconds)
 
@@ -503,7 +520,8 @@ class Exchange:
                     self.event(f"{path}: {switched}; left at byte {self._have(path)} of {size}")
                 elif why == "bad bytes":
                     left[peer] = f"{peer} served bytes that fail the hub's sha256"
-                    self.faults.append({"peer": peer, "file": path, "problem": check.problem})
+                    with self._lock:
+                        self.faults.append({"peer": peer, "file": path, "problem": check.problem})
                     self.event(f"{path}: refused the bytes {peer} served: {check.problem}; fetching it again")
                     switched = f"{peer} served bad bytes"
                 else:
@@ -518,17 +536,18 @@ class Exchange:
             if coming:  # a holder still fetching it, or sending it to FANOUT peers: wait for it
                 time.sleep(LOOK_S)
                 continue
-            live = [p for p in sources if p not in left and p not in board.gone]
+            # who may still give it fast: not left, not gone, not slow (a slow node is never waited on)
+            live = [p for p in sources if p not in left and p not in board.gone and p not in slow]
             rescuer = next((r for r in order if r == self.me or r in live), self.me)
             at_hub = [p for p in live if board.fetching_from_hub(p, path)]
             if rescuer != self.me or at_hub:  # that node fetches it from the hub: take it from there, once it has it
                 time.sleep(LOOK_S)
                 continue
-            if not live:
-                why = "no peer could give it"
-            else:
-                gone = [left[p] for p in holders if p in left]
-                why = "; ".join(gone) or f"every holder is slow ({', '.join(p for p in holders if p in slow)})"
+            gone = [left[p] for p in holders if p in left]
+            slowed = [p for p in holders if p not in left and p in slow]
+            if slowed:
+                gone.append(f"every holder is slow ({', '.join(slowed)})" if not gone else f"{', '.join(slowed)} slow")
+            why = "; ".join(gone) or "no peer could give it"
             self.event(f"{path}: from the hub, {why}" + (f", from byte {self._have(path)}" if self._have(path) else ""))
             with self.holdings.changed:
                 self.holdings.from_hub.add(path)
@@ -560,7 +579,7 @@ class Exchange:
             return check, "busy"
         if check.problem.startswith(agent.SLOW):
             return check, "slow"
-        if "(read timeout)" in check.problem:
+        if "(read timeout)" in check.problem and watch.begun:  # it had started sending: a stall, not a gone host
             why = f"sent nothing for {self.stall_s:g} s"
             return agent.FileCheck(check.path, False, agent.SLOW + why), "slow"
         if "does not match the hub's" in check.problem:

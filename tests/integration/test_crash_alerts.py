@@ -27,8 +27,9 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
 
-from k3deploy.deployments.automations import crash_alert_name, crash_marker_name
+from k3deploy.deployments.automations import crash_alert_name, crash_marker_name, webhook_block_name
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.flows.run_labels import STAGE_LABEL
 from tests.bedconfig import write_config
@@ -153,3 +154,12 @@ def test_a_nightly_run_killed_with_its_worker_mid_bench_alerts_crashed_once_and_
             stop_worker(worker)
         assert any(m.startswith(f"holding cluster {cluster}") for m in run_logs(nxt)), run_logs(nxt)
         assert delivered(received) == []
+
+    # Alerts turned off and deployed again: the alert and the block that kept the URL are gone, the marker stays.
+    del data["alerts"]
+    apply(write_config(tmp_path / "site.yaml", data), pool)
+    with get_client(sync_client=True) as client:
+        assert client.read_automations_by_name(crash_alert_name(cluster)) == []
+        assert len(client.read_automations_by_name(crash_marker_name(cluster))) == 1
+        with pytest.raises(ObjectNotFound):
+            client.read_block_document_by_name(webhook_block_name(cluster), "custom-webhook")

@@ -60,6 +60,7 @@ def test_the_watch_raises_once_its_judge_says_so_and_a_short_stream_still_tells_
         return "too slow" if elapsed >= 3 else None
 
     watch = StreamWatch("peer node0", rates, judge)
+    watch(5_000_000)  # the first chunk starts the clock: its bytes crossed before it, untimed
     for second in (1, 2):
         clock[0] = 100.0 + second
         watch(1_000_000)
@@ -68,6 +69,7 @@ def test_the_watch_raises_once_its_judge_says_so_and_a_short_stream_still_tells_
     with pytest.raises(agent.SlowSource, match="too slow"):
         watch(1_000_000)
     short = StreamWatch("hub", rates)
+    short(1)
     short(2 << 20)  # all within one window
     clock[0] = 103.5
     short.finish()
