@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID, uuid4
 
+import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
 
 from k3deploy.deployments.definitions import ensure_pool
+from tests.prefect_runs import api_at, wait_for
 
 
 @pytest.fixture
@@ -63,3 +66,32 @@ def processes_of(run_id: UUID) -> list[int]:
             if marker in environ.read_bytes().split(b"\0"):
                 pids.append(int(environ.parent.name))
     return pids
+
+
+@contextlib.contextmanager
+def started_server(host: str, env: dict[str, str], folder: Path, auth_string: str | None = None) -> Iterator[str]:
+    """`prefect server start` of a test's own on a free port of `host`, with `env` (its UI told its API's URL),
+    its output in folder/server.log; once /health answers (it asks for no auth), this process's client is
+    pointed at it; stopped after. Yields its API URL."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    url = f"http://{host}:{port}/api"
+    log_path = folder / "server.log"
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, env=env | {"PREFECT_UI_API_URL": url}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        return False
+
+    try:
+        wait_for(f"the Prefect server on {host}:{port}", healthy, timeout=180)
+        with api_at(url, auth_string):
+            yield url
+    finally:
+        stop_worker(proc)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
-import httpx
 import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
@@ -33,8 +32,8 @@ from k3deploy.deployments.automations import crash_alert_name, crash_marker_name
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.flows.run_labels import STAGE_LABEL
 from tests.bedconfig import write_config
-from tests.prefect_runs import api_at, finished, flow_run, run_logs, wait_for
-from tests.prefect_worker import processes_of, stop_worker
+from tests.prefect_runs import finished, flow_run, run_logs, wait_for
+from tests.prefect_worker import processes_of, started_server, stop_worker
 from tests.standin_profile import bench_runs_left, standin_profile
 from tests.vllm_env import needs_vllm_env
 from tests.webhook import delivered, receiving
@@ -49,30 +48,11 @@ BOUND_S = SILENCE_S + 40  # after the kill: the silence, the triggers service's 
 @pytest.fixture
 def own_server(tmp_path: Path) -> Iterator[str]:
     """`prefect server start` on SQLite in a home of the test's own, every service on; this process's client on it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {"PREFECT_HOME": str(tmp_path / "server-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "DO_NOT_TRACK": "1"}  # fmt: skip
-    log = (tmp_path / "server.log").open("w")
-    command = [sys.executable, "-m", "prefect", "server", "start", "--port", str(port)]
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def healthy() -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-        return False
-
-    try:
-        wait_for("the test's own Prefect server", healthy, timeout=180)
-        with api_at(url):
-            yield url
-    finally:
-        stop_worker(proc)
-        log.close()
+    with started_server("127.0.0.1", env, tmp_path) as url:
+        yield url
 
 
 def start_worker(url: str, pool: str, name: str, tmp_path: Path) -> subprocess.Popen[bytes]:

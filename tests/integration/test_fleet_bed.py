@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -60,8 +59,8 @@ from k3deploy.tasks.transport.sftp_store import listing, shared_store
 from tests.bedconfig import write_config
 from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
-from tests.prefect_runs import FINISHED, api_at, finished, logged, run_logs, wait_for
-from tests.prefect_worker import processes_of, stop_worker
+from tests.prefect_runs import FINISHED, finished, logged, run_logs, wait_for
+from tests.prefect_worker import processes_of, started_server, stop_worker
 from tests.webhook import Received, delivered, receiving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
@@ -102,36 +101,16 @@ class FleetServer:
 def fleet_server(postgres: str, testbed, tmp_path: Path) -> Iterator[FleetServer]:
     """`prefect server start --host <bridge>` on PostgreSQL with its API's basic authentication on, as the
     README's production section runs it."""
-    bridge = testbed.state.bridge["ip"]
-    with socket.socket() as probe:
-        probe.bind((bridge, 0))
-        port = probe.getsockname()[1]
-    url, auth_string = f"http://{bridge}:{port}/api", secrets.token_urlsafe(24)
+    auth_string = secrets.token_urlsafe(24)
     env = os.environ | {
         "PREFECT_SERVER_API_AUTH_STRING": auth_string,
         "PREFECT_HOME": str(tmp_path / "server-home"),
         "PREFECT_API_DATABASE_CONNECTION_URL": postgres,
-        "PREFECT_UI_API_URL": url,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
     }
-    log = (tmp_path / "server.log").open("w")
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", bridge, "--port", str(port)]
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def healthy() -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-        return False
-
-    try:
-        wait_for("the PostgreSQL-backed server", healthy, timeout=180)  # /health asks for no auth
-        with api_at(url, auth_string):
-            yield FleetServer(url, auth_string)
-    finally:
-        stop_worker(proc)
-        log.close()
+    with started_server(testbed.state.bridge["ip"], env, tmp_path, auth_string) as url:
+        yield FleetServer(url, auth_string)
 
 
 class Fleet:
