@@ -10,7 +10,8 @@ auth string (HTTP 401); it dies with worker A (SIGKILL); worker B picks up the U
 takes the dead run's hold within the stated bound, skips the stage that passed on A (its result is in the
 shared store, B's own disk has none) and judges itself against A's run; with A back, both clusters' nightly
 runs proceed at once and a second run on cluster a waits; a laptop (a fourth namespace, an empty runs store,
-the server's URL and auth string) lists and compares the runs of both workers.
+the server's URL and auth string) lists and compares the runs of both workers. Before that, on the same
+server: a nightly run killed with its worker mid-bench is marked Crashed and alerted once.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from prefect.states import AwaitingRetry
 from prefect.variables import Variable
 
 from k3deploy.blocks.loader import load_config
-from k3deploy.blocks.store import RUNS, SftpStore, read_file
+from k3deploy.blocks.store import RUNS, STORE_NAME, SftpStore, read_file
 from k3deploy.deployments.automations import crash_alert_name, crash_marker_name
 from k3deploy.deployments.definitions import apply, ensure_pool
 from k3deploy.flows.cluster_hold import takeover_bound_s
@@ -61,6 +62,8 @@ from tests.launchbed import control, launch_data
 from tests.postgres import needs_postgres
 from tests.prefect_runs import FINISHED, finished, logged, run_logs, wait_for
 from tests.prefect_worker import processes_of, started_server, stop_worker
+from tests.standin_profile import bench_runs_left, standin_profile
+from tests.vllm_env import needs_vllm_env
 from tests.webhook import Received, delivered, receiving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prefect, needs_postgres,
@@ -293,6 +296,60 @@ def store_folder(testbed) -> Iterator[tuple[Any, str]]:
     host, folder = testbed.hosts[3], f"/srv/k3d-store-{uuid4().hex[:6]}"
     yield host, folder
     testbed.ssh(host, f"rm -rf {folder}")
+
+
+@needs_vllm_env
+@pytest.mark.vllm
+@pytest.mark.faults
+def test_a_nightly_run_killed_with_its_worker_mid_bench_on_the_fleet_server_alerts_crashed_once(
+    fleet: Fleet, hook, testbed, tmp_path
+):
+    """The production layout's server (PostgreSQL, API auth) and a worker in a bed host's namespace; the cluster
+    is the stand-in profile served in that namespace, 40 ms a token, so that its real `vllm bench serve` is still
+    running when the worker and the run are SIGKILLed. The server marks the run Crashed and sends one CRASHED
+    alert within the bound; the next nightly run holds the cluster, passes and sends nothing."""
+    with contextlib.suppress(ValueError):  # an earlier test's store on this session's database: none here
+        SftpStore.delete(STORE_NAME)
+    hook_url, received = hook
+    data = standin_profile(tmp_path)
+    data["cluster"]["name"] = cluster = f"fleet-crash-{uuid4().hex[:6]}"
+    data["alerts"] = {"webhook_url": hook_url}
+    data["server"] = {"grace_seconds": CRASH_GRACE_S, "heartbeat_seconds": 30}
+    config = write_config(tmp_path / "crash.yaml", data)
+    apply(config, fleet.pool, cluster="crash")
+    netns = testbed.hosts[0].netns
+    nightly = {"only": ["launch", "bench"]}
+
+    (tmp_path / "control.json").write_text(json.dumps({"K3SIM_TOKEN_S": "0.04"}))
+    fleet.start("worker-a", netns)
+    dead = submit("validate/nightly-crash", **nightly)
+    wait_for("the run's bench to be running", lambda: stage_label(dead) == "bench" and bench_runs_left(tmp_path),
+             300)  # fmt: skip
+    fleet.kill("worker-a", [dead])
+    killed_at = time.monotonic()
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(dead).state.type is StateType.RUNNING  # nothing of the run could say otherwise
+
+    ((path, message),) = wait_for("the CRASHED alert", lambda: delivered(received), CRASH_BOUND_S)
+    assert time.monotonic() - killed_at <= CRASH_BOUND_S
+    with get_client(sync_client=True) as client:
+        crashed = client.read_flow_run(dead)
+    assert crashed.state.type is StateType.CRASHED and "no heartbeat for 100 s" in str(crashed.state.message)
+    assert path == "/hooks/x" and (message["verdict"], message["run_id"]) == ("CRASHED", str(dead))
+    assert (message["cluster"], message["failed_stage"], message["worker"]) == (cluster, "bench", "worker-a")
+    assert message["host"] and message["failure_class"] == "infrastructure"
+    assert message["text"].startswith(f"k3deploy: run {crashed.name} on cluster {cluster}: CRASHED at bench")
+    assert fleet.auth_string not in json.dumps(message)
+
+    # The cluster is free for the next nightly run (a worker in the same namespace, where the dead run's ranks
+    # still serve): it holds the cluster, passes, tears down, and sends nothing. Still one message in all.
+    (tmp_path / "control.json").write_text(json.dumps({}))
+    fleet.start("worker-b", netns)
+    nxt = submit("validate/nightly-crash", **nightly)
+    assert finished(nxt, timeout=600).state.type is StateType.COMPLETED
+    assert any(m.startswith(f"holding cluster {cluster}") for m in run_logs(nxt)), run_logs(nxt)
+    assert delivered(received) == []
+    assert not list((tmp_path / "serving").glob("*/pid"))  # nothing left serving
 
 
 def test_a_fleet_shares_results_and_runs_and_keeps_one_run_per_cluster_across_workers(
