@@ -109,8 +109,14 @@ class CheckpointOutcome:
         return f"{self.role} {self.listing.commit[:12]}" + (f" ({received})" if received else "")
 
     def events(self) -> list[str]:
-        """What the peer exchange met on each node: a peer gone, bad bytes refused, the hub used instead."""
-        return [f"{node}: {event}" for node, report in self.fetched.items() for event in report.events]
+        """What the download met on each node: a peer gone, bad bytes refused, the hub used instead, a file
+        started again from byte 0."""
+        return [
+            line
+            for node, report in self.fetched.items()
+            for line in [f"{node}: {e}" for e in report.events]
+            + [f"{node}: {c.path}: {c.note}" for c in report.checks if c.note]
+        ]
 
     def repaired(self) -> list[dict[str, str]]:
         """Files that were on a node but bad (not missing) and were downloaded again: news about that disk."""

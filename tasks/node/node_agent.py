@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,7 @@ class FileCheck:
     path: str
     ok: bool
     problem: str = ""
+    note: str = ""  # what happened on the way, for the stage's events (a download started again from byte 0)
 
 
 def check_file(root: Path, expected: Any, on_bytes: Any = None) -> FileCheck:
@@ -229,6 +230,11 @@ class Progress:
         self._lock = threading.Lock()
         self._last = 0.0
 
+    def restart(self, file: str) -> None:
+        """The file's partial went (its bytes failed the checksum): what was counted of it is not done."""
+        with self._lock:
+            self.done -= self._counted.pop(file, 0)
+
     def add(self, n: int, file: str = "", source: str | None = None) -> None:
         """`source` None: bytes already on the node (a resumed partial), counted as done but not as received;
         a partial resumed again in this run (another source) is not counted twice."""
@@ -350,6 +356,7 @@ def fetch_file(
         _feed(partial, hasher)  # resume: the bytes already here count towards the checksum
         progress.add(have, expected.path)
     retries = int(job.get("retries", 5)) if source.retries is None else source.retries
+    kept = have  # bytes from before this call (another source, an earlier run): not this source's
     attempt, tries = 0, 0
     read_timeout = float(job.get("read_timeout_s", 60) if source.read_timeout_s is None else source.read_timeout_s)
     url = source.url or expected.url
@@ -359,7 +366,7 @@ def fetch_file(
         try:
             with _open(url, headers, have, read_timeout) as response:
                 if have and response.status != 206:  # the server ignored the range: start over
-                    hasher, have = _new_hasher(expected), 0
+                    hasher, have, kept = _new_hasher(expected), 0, 0
                 try:
                     partial.parent.mkdir(parents=True, exist_ok=True)
                     out = open(partial, "ab" if have else "wb", buffering=0)  # noqa: SIM115 - closed below
@@ -409,6 +416,12 @@ def fetch_file(
     problem = _mismatch(expected, hasher.hexdigest())
     if problem:
         partial.unlink()
+        progress.restart(expected.path)
+        if kept:  # the kept bytes and this source's rest fail together: which were bad is unknown, so no blame
+            again = fetch_file(root, expected, job, progress, source, watch)  # once: the partial is gone now
+            note = (f"the {kept} bytes kept from before and the rest from {source.who} failed the checksum "
+                    f"({problem}); fetched again from byte 0 from {source.who}")  # fmt: skip
+            return replace(again, note=note)
         origin = "" if source is HUB else f" (from {source.who})"
         return FileCheck(expected.path, False, f"downloaded file: {problem}{origin}")
     target = root / expected.path
