@@ -63,6 +63,9 @@ def options(
         os.environ[INSECURE_ENV] = "1"
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
 def _fail(message: str) -> NoReturn:
     for line in message.strip().splitlines() or ["failed"]:
         print(f"k3deploy: error: {line.strip()}", file=sys.stderr)
@@ -73,6 +76,8 @@ def main() -> None:
     debug = "--debug" in sys.argv[1:]
     try:
         code = app(standalone_mode=False)  # a typer.Exit comes back as its code here, not raised
+        if code == INTERRUPTED:  # typer turns Ctrl-C (KeyboardInterrupt) into this code, silently
+            err.print("k3deploy: interrupted")
         if isinstance(code, int) and code:
             sys.exit(code)
     except click.exceptions.Exit as done:
@@ -82,7 +87,7 @@ def main() -> None:
         sys.exit(usage.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         err.print("k3deploy: interrupted")
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
     except ConfigError as error:
         if debug:
             traceback.print_exc()

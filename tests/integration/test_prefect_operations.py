@@ -37,7 +37,7 @@ from k3deploy.records.record import read_record
 from tests.bedconfig import write_config
 from tests.ports import port_free
 from tests.prefect_runs import finished, flow_run, logged, wait_for
-from tests.prefect_worker import processes_of
+from tests.prefect_worker import processes_of, restart_worker
 from tests.standin_profile import PORT, bench_runs_left, nothing_serving, standin_profile
 from tests.vllm_env import needs_vllm_env
 
@@ -212,6 +212,7 @@ def test_a_soak_cancelled_from_the_ui_keeps_its_windows_and_its_retry_runs_only_
     assert 2 <= kept <= 3
     hold_requests(tmp_path, False)
 
+    restart_worker(worker, tmp_path)  # no cancellation of the first attempt left pending on the worker
     again = retry(str(run.id))  # a deployment's run goes back to its pool: the worker runs it again
     assert again.is_completed(), again
     record = read_record(str(run.id))
