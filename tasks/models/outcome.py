@@ -111,12 +111,11 @@ class CheckpointOutcome:
     def events(self) -> list[str]:
         """What the download met on each node: a peer gone, bad bytes refused, the hub used instead, a file
         started again from byte 0."""
-        return [
-            line
-            for node, report in self.fetched.items()
-            for line in [f"{node}: {e}" for e in report.events]
-            + [f"{node}: {c.path}: {c.note}" for c in report.checks if c.note]
-        ]
+        lines: list[str] = []
+        for node, report in self.fetched.items():
+            lines += [f"{node}: {event}" for event in report.events]
+            lines += [f"{node}: {check.path}: {check.note}" for check in report.checks if check.note]
+        return lines
 
     def repaired(self) -> list[dict[str, str]]:
         """Files that were on a node but bad (not missing) and were downloaded again: news about that disk."""

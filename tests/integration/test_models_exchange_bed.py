@@ -261,8 +261,8 @@ def test_an_interrupted_striped_download_resumes_without_fetching_a_byte_twice(
             run_models(tmp_path, testbed, hub, repo)
         interrupted.result()
     nothing_of_the_exchange_left(nodes, root)  # in a failure too
-    # what each node kept of the shard: the holder its 1 MiB from the hub; a receiver what it had streamed from
-    # the holder before the kill (none or part of that 1 MiB, as the race with the kill fell)
+    # what each node kept of the shard: the holder its 1 MiB from the hub; a receiver none, or part of the same
+    # stalled 1 MiB when the hub rescue (the holder's stream silent for exchange_stall_s) began before the kill
     kept = {n: int(sh(t, f"stat -c %s {partial} 2>/dev/null || echo 0")) for n, t in nodes.items()}
     assert kept.pop(holder) == at
     assert all(0 <= size <= at for size in kept.values()), kept
